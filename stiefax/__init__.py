@@ -1,0 +1,52 @@
+"""stiefax: Stiefel-manifold attention frames for JAX and Optax.
+
+Query/key projections (and any other "routing" matrix) kept on
+``St(d, r) = {W : W^T W = I_r}`` and trained with a scale-free, step-capped
+Riemannian Adam, built from small composable Optax transforms.
+"""
+
+from stiefax import diagnostics
+from stiefax import flax
+from stiefax import geometry
+from stiefax.alias import MOMENTS
+from stiefax.alias import riemannian_adam
+from stiefax.alias import riemannian_sgd
+from stiefax.alias import stiefel_adamw
+from stiefax.frames import FrameSpec
+from stiefax.geometry import POLAR_METHODS
+from stiefax.transforms import PROJECTORS
+from stiefax.transforms import ElementwiseMomentState
+from stiefax.transforms import PolarRetractState
+from stiefax.transforms import ScalarMomentState
+from stiefax.transforms import canonical_gradient
+from stiefax.transforms import elementwise_moment
+from stiefax.transforms import grassmann_project
+from stiefax.transforms import polar_retract
+from stiefax.transforms import scalar_moment
+from stiefax.transforms import step_norm_cap
+from stiefax.transforms import stiefel_project
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FrameSpec",
+    "stiefel_project",
+    "grassmann_project",
+    "canonical_gradient",
+    "scalar_moment",
+    "elementwise_moment",
+    "step_norm_cap",
+    "polar_retract",
+    "ScalarMomentState",
+    "ElementwiseMomentState",
+    "PolarRetractState",
+    "riemannian_adam",
+    "riemannian_sgd",
+    "stiefel_adamw",
+    "POLAR_METHODS",
+    "PROJECTORS",
+    "MOMENTS",
+    "geometry",
+    "flax",
+    "diagnostics",
+]

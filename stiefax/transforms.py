@@ -1,0 +1,505 @@
+"""Optax gradient transformations that keep frames on the Stiefel manifold.
+
+Each transform routes a pytree of parameters to the pure functions of
+:mod:`stiefax.geometry`, viewing every leaf as a batch of ``d x r`` frames through a
+:class:`stiefax.FrameSpec` (``frames=``). Chained in the order of the paper's
+section 3.2 they form the corrected Riemannian Adam (see
+:func:`stiefax.riemannian_adam`)::
+
+    projector -> scalar_moment -> scale_by_learning_rate -> step_norm_cap -> polar_retract
+
+All transforms except :func:`step_norm_cap` read the current point ``W`` and so need
+``params`` in ``update``. Every transform works leaf-wise, so apply them to the frame
+parameters only (``optax.partition``; see :func:`stiefax.stiefel_adamw`).
+
+Non-finite input: a frame whose incoming update holds a NaN or an Inf is skipped by the
+moment transforms (its moments are kept, its step is zero) and by
+:func:`polar_retract` (its point is kept), and the skip is counted in their state.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from optax import tree_utils as otu
+
+from stiefax import geometry
+from stiefax.frames import FrameSpec, FramesLike, resolve_frames
+
+__all__ = [
+    "PROJECTORS",
+    "ScalarMomentState",
+    "ElementwiseMomentState",
+    "PolarRetractState",
+    "stiefel_project",
+    "grassmann_project",
+    "canonical_gradient",
+    "scalar_moment",
+    "elementwise_moment",
+    "step_norm_cap",
+    "polar_retract",
+]
+
+#: Tangent projectors by name (``projector=`` of the moments and the aliases).
+PROJECTORS = ("stiefel", "grassmann", "canonical")
+
+_PARAMS_REQUIRED = (
+    "stiefax.{name} needs the current point W: call"
+    " `tx.update(updates, state, params)`. The Stiefel transforms project onto the"
+    " tangent space at W and retract from W, so they cannot run without params."
+    " (With nnx.Optimizer and optax.partition the params are passed for you.)"
+)
+
+_OFF_MANIFOLD = (
+    "stiefax.polar_retract.init: the parameter at {path} (shape {shape}) is not on the"
+    " Stiefel manifold: max|W^T W - I| = {err:.3g} > {tol:g}. Initialize it with"
+    " stiefax.flax.orthonormal_init(...) or snap pretrained weights with"
+    " stiefax.flax.project_params(params, labels) before building the optimizer state."
+)
+
+# ``max|W^T W - I|`` above which ``polar_retract.init`` rejects a concrete parameter.
+OFF_MANIFOLD_TOL = 1e-3
+
+
+def _require_params(name: str, params: Any) -> None:
+  if params is None:
+    raise ValueError(_PARAMS_REQUIRED.format(name=name))
+
+
+def _check_projector(projector: str) -> None:
+  if projector not in PROJECTORS:
+    raise ValueError(
+        f"Unknown projector {projector!r}; valid projectors are {PROJECTORS}."
+    )
+
+
+def _tangent_fn(projector: str) -> Callable[[jax.Array, jax.Array], jax.Array]:
+  """The orthogonal projection used to keep moments in the tangent space."""
+  return geometry.grassmann_project if projector == "grassmann" else geometry.stiefel_project
+
+
+def _per_leaf(fn: Callable[..., Any], n_out: int, tree: Any, *rest: Any):
+  """Maps ``fn(path, leaf, *rest_leaves) -> tuple`` and unzips ``n_out`` trees."""
+  treedef = jax.tree_util.tree_structure(tree)
+  outs = jax.tree_util.tree_map_with_path(fn, tree, *rest)
+  flat = treedef.flatten_up_to(outs)
+  return tuple(treedef.unflatten([o[i] for o in flat]) for i in range(n_out))
+
+
+def _finite_frames(x: jax.Array) -> jax.Array:
+  """``True`` for each frame of ``x`` (``(..., d, r)``) whose entries are all finite."""
+  return jnp.all(jnp.isfinite(x), axis=(-2, -1))
+
+
+def _expand(mask: jax.Array) -> jax.Array:
+  return mask[..., None, None]
+
+
+# ----------------------------------------------------------------------------
+# Projections.
+# ----------------------------------------------------------------------------
+
+
+def _projection(name: str, fn, frames: FramesLike) -> optax.GradientTransformation:
+  def init_fn(params):
+    del params
+    return optax.EmptyState()
+
+  def update_fn(updates, state, params=None):
+    _require_params(name, params)
+
+    def leaf(path, u, w):
+      spec = resolve_frames(frames, path, w)
+      cd = geometry.compute_dtype(u.dtype)
+      out = fn(spec.to_frames(w).astype(cd), spec.to_frames(u).astype(cd))
+      return spec.from_frames(out, u.shape).astype(u.dtype)
+
+    return jax.tree_util.tree_map_with_path(leaf, updates, params), state
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def stiefel_project(frames: FramesLike = FrameSpec()) -> optax.GradientTransformation:
+  """Projects each frame's update onto the tangent space (paper eq. 3).
+
+  ``G -> Pi_W(G) = G - W sym(W^T G)``: the Riemannian gradient in the embedded
+  metric, so the chain that follows performs steepest descent on ``St(d, r)``
+  (Proposition 2). Weight decay ``lambda W`` is annihilated (Proposition 8).
+
+  Example:
+    >>> import jax, jax.numpy as jnp, stiefax
+    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 2, 3))
+    >>> g = jax.random.normal(jax.random.key(1), w.shape)
+    >>> xi, _ = stiefax.stiefel_project().update(g, optax.EmptyState(), w)
+    >>> bool(stiefax.diagnostics.tangency_error(w, xi) < 1e-6)
+    True
+
+  Args:
+    frames: how each leaf is viewed as frames (a :class:`FrameSpec` or a callable
+      ``(path, leaf) -> FrameSpec``).
+
+  Returns:
+    An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
+  """
+  return _projection("stiefel_project", geometry.stiefel_project, frames)
+
+
+def grassmann_project(frames: FramesLike = FrameSpec()) -> optax.GradientTransformation:
+  """Projects each frame's update onto the horizontal space ``(I - W W^T) G``.
+
+  The PA16 / B2-SGD projector: besides the normal part it removes the per-frame
+  gauge block ``W W^T G``, which is *not* a symmetry of attention (Proposition 1), so
+  it discards the ``||Pi_{G_W} g||^2`` share of the decrease (Proposition 2, eq. 12).
+
+  Args:
+    frames: how each leaf is viewed as frames.
+
+  Returns:
+    An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
+  """
+  return _projection("grassmann_project", geometry.grassmann_project, frames)
+
+
+def canonical_gradient(frames: FramesLike = FrameSpec()) -> optax.GradientTransformation:
+  """Maps each frame's gradient to the canonical-metric gradient ``G - W G^T W`` (eq. 4).
+
+  Used by the B2m-can arm. The result is tangent at ``W``.
+
+  Args:
+    frames: how each leaf is viewed as frames.
+
+  Returns:
+    An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
+  """
+  return _projection("canonical_gradient", geometry.canonical_gradient, frames)
+
+
+# ----------------------------------------------------------------------------
+# Moments.
+# ----------------------------------------------------------------------------
+
+
+class ScalarMomentState(NamedTuple):
+  """State of :func:`scalar_moment`."""
+
+  count: jax.Array  # int32 scalar: steps taken (for bias correction).
+  mu: Any  # first moment, tree like params: tangent at the current point.
+  nu: Any  # second moment, one scalar per frame: leaves of the frames' batch shape.
+  skipped: Any  # int32 per frame: steps skipped because the update was not finite.
+
+
+class ElementwiseMomentState(NamedTuple):
+  """State of :func:`elementwise_moment`."""
+
+  count: jax.Array  # int32 scalar: steps taken.
+  mu: Any  # first moment, tree like params.
+  nu: Any  # second moment, tree like params (one entry per parameter entry).
+  skipped: Any  # int32 per frame: steps skipped because the update was not finite.
+
+
+def _moment(
+    name: str,
+    b1,
+    b2,
+    eps,
+    frames: FramesLike,
+    projector: str,
+    elementwise: bool,
+    mu_dtype,
+) -> optax.GradientTransformation:
+  _check_projector(projector)
+  tangent = _tangent_fn(projector)
+  state_cls = ElementwiseMomentState if elementwise else ScalarMomentState
+
+  def init_fn(params):
+    def leaf(path, w):
+      spec = resolve_frames(frames, path, w)
+      batch_shape = spec.batch_shape(w.shape)
+      nu_dtype = jnp.promote_types(geometry.compute_dtype(w.dtype), jnp.float32)
+      mu = jnp.zeros(w.shape, mu_dtype or w.dtype)
+      nu = jnp.zeros(w.shape if elementwise else batch_shape, nu_dtype)
+      return mu, nu, jnp.zeros(batch_shape, jnp.int32)
+
+    mu, nu, skipped = _per_leaf(leaf, 3, params)
+    return state_cls(jnp.zeros([], jnp.int32), mu, nu, skipped)
+
+  def update_fn(updates, state, params=None):
+    _require_params(name, params)
+    count = optax.safe_increment(state.count)
+
+    def leaf(path, u, w, mu, nu, skipped):
+      spec = resolve_frames(frames, path, w)
+      cd = jnp.promote_types(geometry.compute_dtype(u.dtype), nu.dtype)
+      wf = spec.to_frames(w).astype(cd)
+      xi = spec.to_frames(u).astype(cd)
+      m_prev = spec.to_frames(mu).astype(cd)
+      v_prev = (spec.to_frames(nu) if elementwise else nu).astype(cd)
+      finite = _finite_frames(xi)
+      xi = jnp.where(_expand(finite), xi, 0)
+      # Moment transport: the previous m is re-projected at the current W.
+      m = tangent(wf, b1 * m_prev + (1 - b1) * xi)
+      if elementwise:
+        v = b2 * v_prev + (1 - b2) * jnp.square(xi)
+      else:
+        v = b2 * v_prev + (1 - b2) * geometry.frame_sq_norm(xi)
+      t = count.astype(cd)
+      m_hat = m / (1 - jnp.asarray(b1, cd) ** t)
+      v_hat = v / (1 - jnp.asarray(b2, cd) ** t)
+      den = jnp.sqrt(v_hat) + eps
+      if not elementwise:
+        den = _expand(den)
+      safe = den > 0  # v_hat = 0 (and eps = 0) defines a zero step, not 0/0.
+      step = jnp.where(safe, m_hat / jnp.where(safe, den, 1), 0)
+      if elementwise:
+        step = tangent(wf, step)  # the entrywise quotient is not tangent.
+      step = jnp.where(_expand(finite), step, 0)
+      m = jnp.where(_expand(finite), m, m_prev)
+      v = jnp.where(_expand(finite) if elementwise else finite, v, v_prev)
+      new_nu = spec.from_frames(v, w.shape) if elementwise else v
+      return (
+          spec.from_frames(step, u.shape).astype(u.dtype),
+          spec.from_frames(m, w.shape).astype(mu.dtype),
+          new_nu.astype(nu.dtype),
+          skipped + (~finite).astype(jnp.int32),
+      )
+
+    out, mu, nu, skipped = _per_leaf(
+        leaf, 4, updates, params, state.mu, state.nu, state.skipped
+    )
+    return out, state_cls(count, mu, nu, skipped)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def scalar_moment(
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    frames: FramesLike = FrameSpec(),
+    *,
+    projector: str = "stiefel",
+    mu_dtype: Any = None,
+) -> optax.GradientTransformation:
+  """Adam moments with one second-moment scalar per frame (paper section 3.2).
+
+  For each frame with current point ``W`` and incoming tangent update ``xi_t``::
+
+      m_t = Pi_W(b1 m_{t-1} + (1 - b1) xi_t)          # moment transport by re-projection
+      v_t = b2 v_{t-1} + (1 - b2) ||xi_t||_F^2         # a scalar per frame
+      out = m_hat_t / (sqrt(v_hat_t) + eps)            # m_hat, v_hat bias-corrected
+
+  ``out`` is tangent at ``W`` (the re-projection of the quotient is exact because the
+  divisor is a scalar). The scalar moment makes the update ``O(d)``-equivariant
+  (Proposition 7) and, with ``eps = 0``, degree zero in the gradient
+  (Proposition 3(ii)); Jensen gives ``||m_hat_t||_F <= sqrt(v_hat_t)``. When
+  ``v_hat_t = 0`` the step is defined as zero (no ``0/0``). The state stores
+  ``mu`` like the params and ``nu`` as one scalar per frame. A frame whose update holds
+  a NaN or an Inf keeps ``mu`` and ``nu`` and outputs a zero step; ``skipped`` counts
+  such frame-steps. Weight decay is never formed (Proposition 8).
+
+  Example:
+    >>> import jax, optax, stiefax
+    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (8, 2, 4))
+    >>> tx = stiefax.scalar_moment()
+    >>> state = tx.init(w)
+    >>> state.nu.shape   # one scalar per head
+    (2,)
+
+  Args:
+    b1: decay of the first moment.
+    b2: decay of the second moment.
+    eps: added to ``sqrt(v_hat)``; below this tangent-gradient scale the step becomes
+      gradient-proportional (Remark 5).
+    frames: how each leaf is viewed as frames.
+    projector: ``"stiefel"`` (also right for ``"canonical"``) or ``"grassmann"``: the
+      projection used to transport the first moment.
+    mu_dtype: dtype of ``mu`` (default: the parameter's dtype).
+
+  Returns:
+    An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
+  """
+  return _moment("scalar_moment", b1, b2, eps, frames, projector, False, mu_dtype)
+
+
+def elementwise_moment(
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    frames: FramesLike = FrameSpec(),
+    *,
+    projector: str = "stiefel",
+    mu_dtype: Any = None,
+) -> optax.GradientTransformation:
+  """The "naive" Riemannian Adam moment: per-entry ``v`` (the paper's ablation).
+
+  As :func:`scalar_moment` but ``v_t = b2 v_{t-1} + (1 - b2) xi_t**2`` entrywise and
+  ``out = Pi_W(m_hat_t / (sqrt(v_hat_t) + eps))`` (re-projected, since an entrywise
+  quotient leaves the tangent space). The per-entry scaling varies down the columns,
+  so the update is *not* ``O(d)``-equivariant (Proposition 7, Table 9).
+
+  Args:
+    b1: decay of the first moment.
+    b2: decay of the second moment.
+    eps: added to ``sqrt(v_hat)`` entrywise.
+    frames: how each leaf is viewed as frames.
+    projector: ``"stiefel"`` or ``"grassmann"``: the projection used for transport
+      and for the output.
+    mu_dtype: dtype of ``mu`` (default: the parameter's dtype).
+
+  Returns:
+    An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
+  """
+  return _moment("elementwise_moment", b1, b2, eps, frames, projector, True, mu_dtype)
+
+
+# ----------------------------------------------------------------------------
+# Step cap and retraction.
+# ----------------------------------------------------------------------------
+
+
+def step_norm_cap(max_norm=0.1, frames: FramesLike = FrameSpec()) -> optax.GradientTransformation:
+  """Caps each frame's step at Frobenius norm ``tau * sqrt(r)`` (paper section 3.2).
+
+  ``eta -> eta * min(1, tau sqrt(r) / ||eta||_F)`` with ``tau = max_norm`` and ``r``
+  the frame's column count. With the cap the largest principal angle between
+  ``col(W)`` and ``col(W + eta)`` is at most ``arctan(tau sqrt(r))`` (Proposition
+  6(ii)). It does not read ``params``.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, stiefax
+    >>> step = jnp.ones((4, 1, 4))       # one 4 x 4 frame, ||step||_F = 4
+    >>> out, _ = stiefax.step_norm_cap(0.1).update(step, optax.EmptyState())
+    >>> float(jnp.linalg.norm(out))      # capped at 0.1 * sqrt(4)
+    0.2...
+
+  Args:
+    max_norm: ``tau``; a float, an array or an Optax schedule value.
+    frames: how each leaf is viewed as frames.
+
+  Returns:
+    An ``optax.GradientTransformation``.
+  """
+
+  def init_fn(params):
+    del params
+    return optax.EmptyState()
+
+  def update_fn(updates, state, params=None):
+    del params
+
+    def leaf(path, u):
+      spec = resolve_frames(frames, path, u)
+      cd = jnp.promote_types(geometry.compute_dtype(u.dtype), jnp.float32)
+      eta = spec.to_frames(u).astype(cd)
+      r = eta.shape[-1]
+      norm = jnp.sqrt(geometry.frame_sq_norm(eta))
+      limit = jnp.asarray(max_norm, cd) * math.sqrt(r)
+      scale = jnp.where(norm > limit, limit / jnp.where(norm > 0, norm, 1), 1)
+      return spec.from_frames(eta * _expand(scale), u.shape).astype(u.dtype)
+
+    return jax.tree_util.tree_map_with_path(leaf, updates), state
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+class PolarRetractState(NamedTuple):
+  """State of :func:`polar_retract`."""
+
+  skipped: Any  # int32 per frame: steps skipped because the update was not finite.
+
+
+_LAPACK_WARNING = (
+    "stiefax.polar_retract(method={method!r}) calls a LAPACK-backed decomposition."
+    " On the CPU backend (jaxlib 0.10) such decompositions have deadlocked inside"
+    " jitted or scanned training steps. Use method='auto' (matrix products only),"
+    " or run this method outside fused training programs."
+)
+
+
+def polar_retract(frames: FramesLike = FrameSpec(), method: str = "auto") -> optax.GradientTransformation:
+  """Retracts each frame with its polar factor; put it last in a chain.
+
+  Returns ``polar(W + eta) - W``, so ``optax.apply_updates(W, updates)`` lands on
+  ``polar(W + eta) = U V^T`` (the Frobenius-nearest point of ``St(d, r)``; paper
+  section 3.2). For a tangent ``eta``, ``sigma_min(W + eta) >= 1`` (Proposition
+  6(i)), so the polar factor is unique and smooth. A frame whose step is exactly zero
+  or not finite keeps its point exactly (``skipped`` counts the non-finite ones).
+  16-bit parameters are retracted in float32.
+
+  ``init`` checks concrete parameters: a frame with ``max|W^T W - I| > 1e-3`` is a
+  ValueError (initialize with :func:`stiefax.flax.orthonormal_init` or snap with
+  :func:`stiefax.flax.project_params`).
+
+  Example:
+    >>> import jax, jax.numpy as jnp, optax, stiefax
+    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (8, 2, 4))
+    >>> tx = stiefax.polar_retract()
+    >>> step = 0.1 * jax.random.normal(jax.random.key(1), w.shape)
+    >>> u, _ = tx.update(step, tx.init(w), w)
+    >>> bool(stiefax.diagnostics.isometry_error(optax.apply_updates(w, u)) < 1e-5)
+    True
+
+  Args:
+    frames: how each leaf is viewed as frames.
+    method: ``"auto"`` (default; matrix products only), ``"newton_schulz"``,
+      ``"eigh"``, ``"svd"`` (the reference) or ``"qdwh"``; see
+      :func:`stiefax.geometry.polar`. The LAPACK-backed methods warn once on the CPU
+      backend, where they have deadlocked inside fused training steps.
+
+  Returns:
+    An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
+  """
+  if method not in geometry.POLAR_METHODS:
+    raise ValueError(
+        f"Unknown polar method {method!r}; valid methods are {geometry.POLAR_METHODS}."
+    )
+  if method in geometry.DECOMPOSITION_METHODS and jax.default_backend() == "cpu":
+    warnings.warn(_LAPACK_WARNING.format(method=method), RuntimeWarning, stacklevel=2)
+
+  def init_fn(params):
+    def leaf(path, w):
+      spec = resolve_frames(frames, path, w)
+      batch_shape = spec.batch_shape(w.shape)
+      if not isinstance(w, jax.core.Tracer):
+        wf = np.asarray(spec.to_frames(jnp.asarray(w)), np.float64)
+        gram = np.swapaxes(wf, -1, -2) @ wf
+        err = float(np.max(np.abs(gram - np.eye(gram.shape[-1])), initial=0.0))
+        if not err <= OFF_MANIFOLD_TOL:
+          raise ValueError(
+              _OFF_MANIFOLD.format(
+                  path=jax.tree_util.keystr(path) or "<root>",
+                  shape=tuple(w.shape), err=err, tol=OFF_MANIFOLD_TOL,
+              )
+          )
+      return jnp.zeros(batch_shape, jnp.int32)
+
+    return PolarRetractState(jax.tree_util.tree_map_with_path(leaf, params))
+
+  def update_fn(updates, state, params=None):
+    _require_params("polar_retract", params)
+
+    def leaf(path, u, w, skipped):
+      spec = resolve_frames(frames, path, w)
+      cd = geometry.compute_dtype(w.dtype)
+      wf = spec.to_frames(w).astype(cd)
+      eta = spec.to_frames(u).astype(cd)
+      finite = _finite_frames(eta)
+      moved = finite & jnp.any(eta != 0, axis=(-2, -1))
+      eta = jnp.where(_expand(finite), eta, 0)
+      delta = geometry.polar(wf + eta, method) - wf
+      delta = jnp.where(_expand(moved), delta, 0)
+      return (
+          spec.from_frames(delta, u.shape).astype(u.dtype),
+          skipped + (~finite).astype(jnp.int32),
+      )
+
+    out, skipped = _per_leaf(leaf, 2, updates, params, state.skipped)
+    return out, PolarRetractState(skipped)
+
+  return optax.GradientTransformation(init_fn, update_fn)

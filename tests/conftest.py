@@ -1,0 +1,23 @@
+"""Shared fixtures: float64 per test, strict promotion, seeded frames."""
+
+import jax
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def x64():
+  """Runs the test with 64-bit JAX types enabled (never enabled globally)."""
+  with jax.enable_x64(True):
+    yield
+
+
+@pytest.fixture
+def rng():
+  return np.random.default_rng(0)
+
+
+@pytest.fixture(autouse=True)
+def _strict_rank_promotion():
+  with jax.numpy_rank_promotion("raise"):
+    yield

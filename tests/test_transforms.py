@@ -1,0 +1,171 @@
+"""Every transform crossed with a shared list of properties, plus float64 references."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import stiefax
+from stiefax import FrameSpec
+from tests import reference as ref
+
+D, H, R = 12, 3, 4  # kernels (d_model, heads, head_dim)
+
+# name -> factory(frames) of every transform that reads the current point.
+NEEDS_PARAMS = {
+    "stiefel_project": lambda f: stiefax.stiefel_project(f),
+    "grassmann_project": lambda f: stiefax.grassmann_project(f),
+    "canonical_gradient": lambda f: stiefax.canonical_gradient(f),
+    "scalar_moment": lambda f: stiefax.scalar_moment(frames=f),
+    "elementwise_moment": lambda f: stiefax.elementwise_moment(frames=f),
+    "polar_retract": lambda f: stiefax.polar_retract(f),
+}
+ALL = dict(NEEDS_PARAMS, step_norm_cap=lambda f: stiefax.step_norm_cap(0.1, f))
+TANGENT_OUTPUT = ["stiefel_project", "grassmann_project", "canonical_gradient",
+                  "scalar_moment", "elementwise_moment"]
+
+
+def kernel(rng, shape=(D, H, R), dtype=np.float64):
+  """A (d, heads, r) kernel whose frames [:, h, :] are orthonormal."""
+  w = ref.random_frames(rng, (shape[1], shape[0], shape[2]))
+  return jnp.asarray(np.transpose(w, (1, 0, 2)), dtype)
+
+
+def to_ref(x):
+  return np.transpose(np.asarray(x, np.float64), (1, 0, 2))
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS_PARAMS))
+def test_update_without_params_is_a_clear_error(rng, name):
+  tx = NEEDS_PARAMS[name](FrameSpec())
+  w = kernel(rng, dtype=np.float32)
+  with pytest.raises(ValueError, match=rf"stiefax.{name} needs the current point W"):
+    tx.update(w, tx.init(w))
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_jit_shapes_dtypes_and_frames_callable(rng, name):
+  w = {"q": kernel(rng, dtype=np.float32), "stack": jnp.stack([kernel(rng, dtype=np.float32)] * 2)}
+  frames = lambda path, x: FrameSpec(row_axis=1) if x.ndim == 4 else FrameSpec()
+  tx = ALL[name](frames)
+  g = jax.tree.map(lambda x: 0.1 * jnp.ones_like(x), w)
+  state = tx.init(w)
+  out, new_state = jax.jit(tx.update)(g, state, w)
+  for o, x in zip(jax.tree.leaves(out), jax.tree.leaves(w)):
+    assert o.shape == x.shape and o.dtype == x.dtype
+    assert bool(jnp.all(jnp.isfinite(o)))
+  chex_shapes = jax.tree.map(lambda a: (a.shape, a.dtype), state)
+  assert jax.tree.map(lambda a: (a.shape, a.dtype), new_state) == chex_shapes
+
+
+@pytest.mark.parametrize("name", TANGENT_OUTPUT)
+def test_outputs_are_tangent_float64(x64, rng, name):
+  w = kernel(rng)
+  tx = NEEDS_PARAMS[name](FrameSpec())
+  state = tx.init(w)
+  for _ in range(3):
+    g = jnp.asarray(rng.standard_normal(w.shape) * 10.0 ** rng.uniform(-2, 2))
+    out, state = tx.update(g, state, w)
+    err = stiefax.diagnostics.tangency_error(w, out) / jnp.max(jnp.abs(out))
+    assert float(err) < 1e-12
+    # The tangent vectors also move with the point: take a retracted step.
+    retract = stiefax.polar_retract()
+    w = optax.apply_updates(w, retract.update(0.1 * out, retract.init(w), w)[0])
+
+
+def test_scalar_moment_matches_reference_float64(x64, rng):
+  w = kernel(rng)
+  tx = stiefax.scalar_moment(0.8, 0.95, 1e-6)
+  state = tx.init(w)
+  m = np.zeros((H, D, R))
+  v = np.zeros(H)
+  for t in range(1, 6):
+    g = np.stack([ref.stiefel_project(to_ref(w)[h], rng.standard_normal((D, R))) for h in range(H)])
+    out, state = tx.update(jnp.asarray(np.transpose(g, (1, 0, 2))), state, w)
+    m = 0.8 * m + 0.2 * g
+    v = 0.95 * v + 0.05 * np.sum(g**2, axis=(1, 2))
+    expected = (m / (1 - 0.8**t)) / (np.sqrt(v / (1 - 0.95**t)) + 1e-6)[:, None, None]
+    np.testing.assert_allclose(to_ref(out), expected, rtol=1e-10, atol=1e-13)
+  assert state.nu.shape == (H,)  # one scalar per frame, not a d x r buffer
+  np.testing.assert_allclose(state.nu, v, rtol=1e-12)
+
+
+@pytest.mark.parametrize("moment", ["scalar", "elementwise"])
+def test_zero_gradient_with_eps_zero_is_a_zero_step(rng, moment):
+  w = kernel(rng, dtype=np.float32)
+  tx = stiefax.riemannian_adam(eps=0.0, moment=moment)
+  state = tx.init(w)
+  for _ in range(2):  # also on the very first step, where v_hat = 0
+    out, state = tx.update(jnp.zeros_like(w), state, w)
+    assert bool(jnp.all(out == 0))
+    assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(state))
+
+
+def test_step_norm_cap_per_frame(x64, rng):
+  eta = jnp.asarray(rng.standard_normal((D, H, R)))
+  eta = eta.at[:, 0, :].multiply(1e-3)  # frame 0 below the cap
+  out, _ = stiefax.step_norm_cap(0.1).update(eta, optax.EmptyState())
+  norms = np.linalg.norm(to_ref(out), axis=(1, 2))
+  np.testing.assert_allclose(norms[1:], 0.1 * np.sqrt(R), rtol=1e-12)
+  np.testing.assert_allclose(to_ref(out)[0], to_ref(eta)[0])
+  # Direction is kept.
+  np.testing.assert_allclose(to_ref(out)[1] / norms[1], to_ref(eta)[1] / np.linalg.norm(to_ref(eta)[1]))
+  # Block frames: tau * sqrt(H * r) for the whole kernel.
+  out, _ = stiefax.step_norm_cap(0.1, FrameSpec(col_axes=(-2, -1))).update(eta, optax.EmptyState())
+  np.testing.assert_allclose(np.linalg.norm(out), 0.1 * np.sqrt(H * R), rtol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["newton_schulz", "eigh", "svd", "qdwh"])
+def test_polar_retract_matches_reference_float64(x64, rng, method):
+  w = kernel(rng)
+  eta = jnp.asarray(rng.standard_normal(w.shape))
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", RuntimeWarning)
+    tx = stiefax.polar_retract(method=method)
+  out, _ = tx.update(eta, tx.init(w), w)
+  new = optax.apply_updates(w, out)
+  expected = np.stack([ref.polar(to_ref(w)[h] + to_ref(eta)[h]) for h in range(H)])
+  np.testing.assert_allclose(to_ref(new), expected, atol=1e-12)
+
+
+def test_polar_retract_keeps_zero_steps_exactly(rng):
+  w = kernel(rng, dtype=np.float32)
+  eta = jnp.zeros_like(w).at[:, 1, :].set(0.01)
+  tx = stiefax.polar_retract()
+  out, _ = tx.update(eta, tx.init(w), w)
+  assert bool(jnp.all(out[:, 0, :] == 0)) and bool(jnp.all(out[:, 2, :] == 0))
+  assert bool(jnp.any(out[:, 1, :] != 0))
+
+
+def test_lapack_methods_warn_once_on_cpu():
+  with pytest.warns(RuntimeWarning, match="deadlocked"):
+    stiefax.polar_retract(method="svd")
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    stiefax.polar_retract(method="auto")
+    stiefax.polar_retract(method="newton_schulz")
+
+
+def test_polar_retract_rejects_off_manifold_params(rng):
+  w = {"attn": {"query": {"kernel": 1.5 * kernel(rng, dtype=np.float32)}}}
+  with pytest.raises(ValueError, match=r"\['attn'\]\['query'\]\['kernel'\].*project_params"):
+    stiefax.polar_retract().init(w)
+
+
+def test_unknown_strings_list_the_valid_ones():
+  with pytest.raises(ValueError, match="valid methods are"):
+    stiefax.polar_retract(method="cayley")
+  with pytest.raises(ValueError, match="valid projectors are"):
+    stiefax.scalar_moment(projector="oblique")
+  with pytest.raises(ValueError, match="valid projectors are"):
+    stiefax.riemannian_adam(projector="oblique")
+  with pytest.raises(ValueError, match="valid moments are"):
+    stiefax.riemannian_adam(moment="adafactor")
+
+
+def test_r_greater_than_d_names_the_shape_at_init():
+  with pytest.raises(ValueError, match=r"\(4, 2, 8\)"):
+    stiefax.riemannian_adam().init(jnp.zeros((4, 2, 8)))
