@@ -1,0 +1,76 @@
+"""The ``stiefax`` command: ``stiefax <command> [options]``.
+
+Each command lives in its own module of :mod:`stiefax.experiments`, which defines
+``add_arguments(parser)`` and ``run(args) -> int``; it is imported only when used, so
+``stiefax --help`` stays fast. A :class:`CommandError` raised by a command prints one
+line (``stiefax <command>: error: ...``) and exits with status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+# name -> (module, one-line help). Order is the order of `stiefax --help`.
+COMMANDS = {
+    "grok": ("stiefax.experiments.grok", "modular-arithmetic grokking (paper 4.3, 4.4)"),
+    "patches": ("stiefax.experiments.patches", "image-patch benchmark (paper 3.3, 4.1-4.7)"),
+    "report": ("stiefax.experiments.report", "tables and plots from a results directory"),
+    "certify": ("stiefax.experiments.certify", "float64 certificates of the propositions"),
+    "equivariance": ("stiefax.experiments.equivariance", "O(d)-equivariance table (paper Table 9)"),
+    "covariance": ("stiefax.experiments.covariance", "covariance of optimizers under symmetries"),
+}
+
+
+class CommandError(Exception):
+  """A user error: printed as one line, exit status 2."""
+
+
+def _available() -> dict:
+  out = {}
+  for name, (module, help_) in COMMANDS.items():
+    spec = importlib.util.find_spec(module)
+    if spec is not None:
+      out[name] = (module, help_)
+  return out
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict]:
+  parser = argparse.ArgumentParser(
+      prog="stiefax",
+      description="Stiefel-manifold attention: experiments, reports and certificates.",
+  )
+  sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+  sub.required = True
+  parsers = {}
+  for name, (module, help_) in _available().items():
+    parsers[name] = (sub.add_parser(name, help=help_, description=help_), module)
+  return parser, parsers
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  parser, parsers = build_parser()
+  # Only the chosen command's module is imported (and adds its arguments).
+  name = next((a for a in argv if not a.startswith("-")), None)
+  if name in parsers:
+    sub_parser, module = parsers[name]
+    mod = importlib.import_module(module)
+    mod.add_arguments(sub_parser)
+  args = parser.parse_args(argv)
+  sub_parser, module = parsers[args.command]
+  mod = importlib.import_module(module)
+  try:
+    return int(mod.run(args) or 0)
+  except CommandError as e:
+    print(f"stiefax {args.command}: error: {e}", file=sys.stderr)
+    return 2
+  except KeyboardInterrupt:
+    print(f"stiefax {args.command}: interrupted", file=sys.stderr)
+    return 130
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,77 @@
+"""Paired statistics across seeds: differences, t-test, wins, bootstrap intervals.
+
+Used by every experiment report: two arms run from the same seeds are compared seed by
+seed (paper sections 4.5-4.7).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+from scipy import stats as sps
+
+__all__ = ["Paired", "paired", "bootstrap_ci", "summarize"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Paired:
+  """Paired comparison of arm ``b`` against arm ``a`` (``b - a`` per seed)."""
+
+  n: int  # number of paired seeds
+  mean: float  # mean difference
+  std: float  # sample standard deviation of the differences (ddof=1)
+  t: float  # paired t statistic (nan for n < 2 or zero spread)
+  p: float  # two-sided p value of the paired t-test
+  wins: int  # seeds where b > a
+  ci_low: float  # bootstrap 95% CI of the mean difference
+  ci_high: float
+  diffs: tuple[float, ...]
+
+
+def bootstrap_ci(
+    x: Sequence[float], *, resamples: int = 20_000, level: float = 0.95, seed: int = 0
+) -> tuple[float, float]:
+  """Percentile bootstrap interval of the mean of ``x`` (``resamples`` resamples).
+
+  Uses ``scipy.stats.bootstrap``; a single value gives ``(x, x)``.
+  """
+  x = np.asarray(x, np.float64)
+  if x.size == 0:
+    return (float("nan"), float("nan"))
+  if x.size == 1 or np.all(x == x[0]):
+    return (float(x[0]), float(x[0]))
+  res = sps.bootstrap(
+      (x,), np.mean, n_resamples=resamples, confidence_level=level,
+      method="percentile", random_state=np.random.default_rng(seed),
+  )
+  return (float(res.confidence_interval.low), float(res.confidence_interval.high))
+
+
+def paired(a: Sequence[float], b: Sequence[float], *, resamples: int = 20_000) -> Paired:
+  """Compares ``b`` to ``a`` seed by seed (``a[i]`` and ``b[i]`` share seed ``i``)."""
+  a = np.asarray(a, np.float64)
+  b = np.asarray(b, np.float64)
+  if a.shape != b.shape:
+    raise ValueError(f"paired: a has {a.size} seeds, b has {b.size}; they must match.")
+  d = b - a
+  n = int(d.size)
+  std = float(np.std(d, ddof=1)) if n > 1 else float("nan")
+  if n > 1 and std > 0:
+    res = sps.ttest_rel(b, a)
+    t, p = float(res.statistic), float(res.pvalue)
+  else:
+    t = p = float("nan")
+  lo, hi = bootstrap_ci(d, resamples=resamples)
+  return Paired(n, float(np.mean(d)) if n else float("nan"), std, t, p,
+                int(np.sum(d > 0)), lo, hi, tuple(float(x) for x in d))
+
+
+def summarize(x: Sequence[float], ddof: int = 1) -> tuple[float, float]:
+  """``(mean, std)`` with the given ``ddof`` (std is 0 for a single value)."""
+  x = np.asarray(x, np.float64)
+  if x.size == 0:
+    return (float("nan"), float("nan"))
+  std = float(np.std(x, ddof=ddof)) if x.size > ddof else 0.0
+  return float(np.mean(x)), std

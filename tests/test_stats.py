@@ -1,0 +1,36 @@
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from stiefax.experiments import stats
+
+
+def test_paired_matches_scipy_and_counts_wins():
+  rng = np.random.default_rng(0)
+  a = rng.normal(40, 1, 12)
+  b = a + rng.normal(6.8, 0.5, 12)
+  res = stats.paired(a, b)
+  ref = sps.ttest_rel(b, a)
+  assert res.n == 12 and res.wins == 12
+  np.testing.assert_allclose(res.t, ref.statistic)
+  np.testing.assert_allclose(res.p, ref.pvalue)
+  np.testing.assert_allclose(res.mean, np.mean(b - a))
+  assert res.ci_low < res.mean < res.ci_high
+  assert res.ci_high - res.ci_low < 1.0
+
+
+def test_paired_no_effect_and_degenerate_cases():
+  rng = np.random.default_rng(1)
+  a = rng.normal(0, 1, 200)
+  res = stats.paired(a, a + rng.normal(0, 1, 200))
+  assert res.ci_low < 0 < res.ci_high and res.p > 0.01
+  one = stats.paired([1.0], [2.0])
+  assert one.n == 1 and np.isnan(one.t) and one.ci_low == one.ci_high == 1.0
+  with pytest.raises(ValueError, match="must match"):
+    stats.paired([1.0, 2.0], [1.0])
+
+
+def test_summarize_ddof():
+  assert stats.summarize([1.0, 3.0]) == (2.0, pytest.approx(np.sqrt(2)))
+  assert stats.summarize([1.0, 3.0], ddof=0) == (2.0, 1.0)
+  assert stats.summarize([5.0]) == (5.0, 0.0)
