@@ -103,7 +103,10 @@ def riemannian_adam(
   ]
   if max_norm is not None:
     parts.append(transforms.step_norm_cap(max_norm, frames))
-  parts.append(transforms.polar_retract(frames, polar))
+  # A static cap bounds the singular values of W + eta (Proposition 6), which fixes the
+  # Newton-Schulz iteration count; a traced or absent cap iterates to convergence.
+  bound = float(max_norm) if isinstance(max_norm, (int, float)) else None
+  parts.append(transforms.polar_retract(frames, polar, step_bound=bound))
   return optax.chain(*parts)
 
 

@@ -14,7 +14,9 @@ parameters only (``optax.partition``; see :func:`stiefax.stiefel_adamw`).
 
 Non-finite input: a frame whose incoming update holds a NaN or an Inf is skipped by the
 moment transforms (its moments are kept, its step is zero) and by
-:func:`polar_retract` (its point is kept), and the skip is counted in their state.
+:func:`polar_retract` (its point is kept), and the skipped frame-steps are counted in
+their state's ``skipped`` field (one int32 per leaf); read them anywhere in an
+optimizer state with ``optax.tree_utils.tree_get_all_with_path(state, "skipped")``.
 """
 
 from __future__ import annotations
@@ -191,7 +193,7 @@ class ScalarMomentState(NamedTuple):
   count: jax.Array  # int32 scalar: steps taken (for bias correction).
   mu: Any  # first moment, tree like params: tangent at the current point.
   nu: Any  # second moment, one scalar per frame: leaves of the frames' batch shape.
-  skipped: Any  # int32 per frame: steps skipped because the update was not finite.
+  skipped: Any  # int32 per leaf: frame-steps skipped because the update was not finite.
 
 
 class ElementwiseMomentState(NamedTuple):
@@ -200,7 +202,7 @@ class ElementwiseMomentState(NamedTuple):
   count: jax.Array  # int32 scalar: steps taken.
   mu: Any  # first moment, tree like params.
   nu: Any  # second moment, tree like params (one entry per parameter entry).
-  skipped: Any  # int32 per frame: steps skipped because the update was not finite.
+  skipped: Any  # int32 per leaf: frame-steps skipped because the update was not finite.
 
 
 def _moment(
@@ -224,7 +226,7 @@ def _moment(
       nu_dtype = jnp.promote_types(geometry.compute_dtype(w.dtype), jnp.float32)
       mu = jnp.zeros(w.shape, mu_dtype or w.dtype)
       nu = jnp.zeros(w.shape if elementwise else batch_shape, nu_dtype)
-      return mu, nu, jnp.zeros(batch_shape, jnp.int32)
+      return mu, nu, jnp.zeros([], jnp.int32)
 
     mu, nu, skipped = _per_leaf(leaf, 3, params)
     return state_cls(jnp.zeros([], jnp.int32), mu, nu, skipped)
@@ -266,7 +268,7 @@ def _moment(
           spec.from_frames(step, u.shape).astype(u.dtype),
           spec.from_frames(m, w.shape).astype(mu.dtype),
           new_nu.astype(nu.dtype),
-          skipped + (~finite).astype(jnp.int32),
+          skipped + jnp.sum(~finite, dtype=jnp.int32),
       )
 
     out, mu, nu, skipped = _per_leaf(
@@ -411,7 +413,7 @@ def step_norm_cap(max_norm=0.1, frames: FramesLike = FrameSpec()) -> optax.Gradi
 class PolarRetractState(NamedTuple):
   """State of :func:`polar_retract`."""
 
-  skipped: Any  # int32 per frame: steps skipped because the update was not finite.
+  skipped: Any  # int32 per leaf: frame-steps skipped because the update was not finite.
 
 
 _LAPACK_WARNING = (
@@ -422,7 +424,12 @@ _LAPACK_WARNING = (
 )
 
 
-def polar_retract(frames: FramesLike = FrameSpec(), method: str = "auto") -> optax.GradientTransformation:
+def polar_retract(
+    frames: FramesLike = FrameSpec(),
+    method: str = "auto",
+    *,
+    step_bound: float | None = None,
+) -> optax.GradientTransformation:
   """Retracts each frame with its polar factor; put it last in a chain.
 
   Returns ``polar(W + eta) - W``, so ``optax.apply_updates(W, updates)`` lands on
@@ -451,6 +458,12 @@ def polar_retract(frames: FramesLike = FrameSpec(), method: str = "auto") -> opt
       ``"eigh"``, ``"svd"`` (the reference) or ``"qdwh"``; see
       :func:`stiefax.geometry.polar`. The LAPACK-backed methods warn once on the CPU
       backend, where they have deadlocked inside fused training steps.
+    step_bound: ``tau`` when every incoming step is tangent and capped at
+      ``||eta||_F <= tau sqrt(r)`` (a preceding :func:`step_norm_cap`). Newton-Schulz
+      then runs a fixed number of iterations derived from Proposition 6
+      (:func:`stiefax.geometry.newton_schulz_iterations`): no data-dependent loop and
+      no reduction across frames, so head-sharded frames retract without
+      communication. ``None``: iterate to convergence.
 
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
@@ -465,7 +478,7 @@ def polar_retract(frames: FramesLike = FrameSpec(), method: str = "auto") -> opt
   def init_fn(params):
     def leaf(path, w):
       spec = resolve_frames(frames, path, w)
-      batch_shape = spec.batch_shape(w.shape)
+      spec.frame_shape(w.shape)  # validates the axes and r <= d
       if not isinstance(w, jax.core.Tracer):
         wf = np.asarray(spec.to_frames(jnp.asarray(w)), np.float64)
         gram = np.swapaxes(wf, -1, -2) @ wf
@@ -477,7 +490,7 @@ def polar_retract(frames: FramesLike = FrameSpec(), method: str = "auto") -> opt
                   shape=tuple(w.shape), err=err, tol=OFF_MANIFOLD_TOL,
               )
           )
-      return jnp.zeros(batch_shape, jnp.int32)
+      return jnp.zeros([], jnp.int32)
 
     return PolarRetractState(jax.tree_util.tree_map_with_path(leaf, params))
 
@@ -492,11 +505,11 @@ def polar_retract(frames: FramesLike = FrameSpec(), method: str = "auto") -> opt
       finite = _finite_frames(eta)
       moved = finite & jnp.any(eta != 0, axis=(-2, -1))
       eta = jnp.where(_expand(finite), eta, 0)
-      delta = geometry.polar(wf + eta, method) - wf
+      delta = geometry.polar(wf + eta, method, step_bound=step_bound) - wf
       delta = jnp.where(_expand(moved), delta, 0)
       return (
           spec.from_frames(delta, u.shape).astype(u.dtype),
-          skipped + (~finite).astype(jnp.int32),
+          skipped + jnp.sum(~finite, dtype=jnp.int32),
       )
 
     out, skipped = _per_leaf(leaf, 2, updates, params, state.skipped)

@@ -90,3 +90,35 @@ def test_polar_bfloat16_computed_in_float32(rng):
 def test_unknown_polar_method():
   with pytest.raises(ValueError, match="valid methods are"):
     geometry.polar(jnp.eye(3), "cayley")
+
+
+@pytest.mark.parametrize("r", [1, 4, 16, 32, 64])
+def test_fixed_newton_schulz_count_is_exact_for_capped_steps(rng, r):
+  d, tau = 2 * r + 8, 0.1
+  w = ref.random_frames(rng, (3, d, r))
+  limit = tau * np.sqrt(r)
+  # Worst case: a rank-1 tangent step of full cap length (one singular value at the
+  # top of the Proposition 6 interval), and full-rank steps at the cap.
+  u = rng.standard_normal((3, d, 1))
+  u -= w @ (np.swapaxes(w, -1, -2) @ u)
+  v = rng.standard_normal((3, 1, r))
+  rank1 = u @ v
+  rank1 *= limit / np.linalg.norm(rank1, axis=(-2, -1), keepdims=True)
+  for step in (rank1, _tangent_step(rng, w, limit)):
+    a = w + step
+    out = geometry.polar(jnp.asarray(a, jnp.float32), "newton_schulz", step_bound=tau)
+    np.testing.assert_allclose(out, np.stack([ref.polar(x) for x in a]), atol=2e-6)
+    assert float(jnp.max(geometry.isometry_residual(out))) < 3e-6
+  # Control: one iteration fewer is not exact in the worst case.
+  k = geometry.newton_schulz_iterations(tau, r)
+  short = geometry._polar_newton_schulz(jnp.asarray(w + rank1, jnp.float32), k - 1)
+  if r >= 4:
+    assert float(jnp.max(geometry.isometry_residual(short))) > 1e-6
+
+
+def test_newton_schulz_iteration_counts():
+  assert geometry.newton_schulz_iterations(0.1, 16) == 3
+  assert geometry.newton_schulz_iterations(0.1, 32) == 4
+  assert geometry.newton_schulz_iterations(0.1, 64) == 4
+  assert geometry.newton_schulz_iterations(0.1, 64, jnp.float64) == 5
+  assert geometry.newton_schulz_iterations(1.0, 64) > 8

@@ -1,0 +1,77 @@
+"""Optimizer update time of riemannian_adam (every polar method) against optax.adamw.
+
+Both run on the same parameter tree (query and key kernels of one shape) in the same
+process, jitted; medians over ``--reps`` calls after warm-up. Prints a table of
+milliseconds, ratios to AdamW, and optimizer-state bytes per frame, then one summary
+line.
+
+    python benchmarks/update_step.py [--reps 20] [--methods auto,svd] [--quick]
+"""
+
+import argparse
+import math
+import warnings
+
+import jax
+import optax
+
+import stiefax
+from benchmarks.common import time_fn, tree_bytes
+
+# name -> (kernel shape, FrameSpec): kernels are (d, heads, r), stacked (L, d, heads, r).
+SHAPES = {
+    "(8,128,16)": ((128, 8, 16), stiefax.FrameSpec()),
+    "(4,128,32)": ((128, 4, 32), stiefax.FrameSpec()),
+    "(12,768,64)": ((768, 12, 64), stiefax.FrameSpec()),
+    "(16,1024,64)": ((1024, 16, 64), stiefax.FrameSpec()),
+    "12x(12,768,64)": ((12, 768, 12, 64), stiefax.FrameSpec(row_axis=1)),
+}
+METHODS = ("auto", "eigh", "svd", "qdwh")
+
+
+def bench_shape(shape, frames, methods, reps):
+  keys = jax.random.split(jax.random.key(0), 4)
+  init = stiefax.flax.orthonormal_init(frames)
+  params = {"query": init(keys[0], shape), "key": init(keys[1], shape)}
+  grads = {"query": jax.random.normal(keys[2], shape), "key": jax.random.normal(keys[3], shape)}
+  n_frames = 2 * math.prod(frames.frame_shape(shape)[0])
+
+  adamw = optax.adamw(1e-3, weight_decay=0.0)
+  a_state = adamw.init(params)
+  a_ms = time_fn(jax.jit(adamw.update), grads, a_state, params, reps=reps)
+  rows = [("adamw", a_ms, 1.0, tree_bytes(a_state) / n_frames)]
+  for method in methods:
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore", RuntimeWarning)
+      tx = stiefax.riemannian_adam(polar=method, frames=frames)
+    state = tx.init(params)
+    ms = time_fn(jax.jit(tx.update), grads, state, params, reps=reps)
+    rows.append((f"B2 polar={method}", ms, ms / a_ms, tree_bytes(state) / n_frames))
+  return rows
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--reps", type=int, default=20)
+  parser.add_argument("--methods", default=",".join(METHODS))
+  parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated keys of SHAPES")
+  parser.add_argument("--quick", action="store_true", help="small shapes only")
+  args = parser.parse_args()
+  methods = [m for m in args.methods.split(",") if m]
+  names = ["(8,128,16)", "(4,128,32)"] if args.quick else args.shapes.split(",")
+  print(f"jax {jax.__version__} on {jax.devices()[0].platform}; (H, d, r) per kernel, "
+        "two kernels (query, key); median ms of the jitted update")
+  print(f"{'shape':<16} {'optimizer':<20} {'ms':>9} {'x adamw':>8} {'state B/frame':>14}")
+  auto_ratios = {}
+  for name in names:
+    shape, frames = SHAPES[name]
+    for label, ms, ratio, per_frame in bench_shape(shape, frames, methods, args.reps):
+      print(f"{name:<16} {label:<20} {ms:>9.3f} {ratio:>8.2f} {per_frame:>14.0f}", flush=True)
+      if label == "B2 polar=auto":
+        auto_ratios[name] = ratio
+  summary = ", ".join(f"{k} {v:.2f}x" for k, v in auto_ratios.items())
+  print(f"summary: riemannian_adam (polar=auto) update vs optax.adamw: {summary}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,38 @@
+"""Frames are independent: a head-sharded update needs no cross-device communication."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _run(mode):
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+  env["JAX_PLATFORMS"] = "cpu"
+  proc = subprocess.run(
+      [sys.executable, "-m", "tests.sharded_update", mode], cwd=ROOT, env=env,
+      capture_output=True, text=True, timeout=220)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(240)
+def test_head_sharded_update_equals_unsharded_without_collectives():
+  result = _run("capped")
+  assert result["diff"] <= 1e-6, result
+  assert result["collectives"] == [], result
+  assert "heads" in result["sharding"], result
+  assert result["iso"] <= 2e-5, result
+
+
+@pytest.mark.timeout(240)
+def test_control_a_global_stopping_rule_does_communicate():
+  result = _run("uncapped")
+  assert result["diff"] <= 1e-5, result
+  assert "all-reduce" in result["collectives"], result
