@@ -381,7 +381,8 @@ def step_norm_cap(max_norm=0.1, frames: FramesLike = FrameSpec()) -> optax.Gradi
     0.2...
 
   Args:
-    max_norm: ``tau``; a float, an array or an Optax schedule value.
+    max_norm: ``tau``; a float or a scalar array (traced under
+      ``optax.inject_hyperparams``, so it can follow a schedule there).
     frames: how each leaf is viewed as frames.
 
   Returns:
