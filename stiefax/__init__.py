@@ -5,6 +5,8 @@ Query/key projections (and any other "routing" matrix) kept on
 Riemannian Adam, built from small composable Optax transforms.
 """
 
+from stiefax import certificates
+from stiefax import covariance
 from stiefax import diagnostics
 from stiefax import flax
 from stiefax import geometry
@@ -14,6 +16,9 @@ from stiefax.alias import riemannian_sgd
 from stiefax.alias import stiefel_adamw
 from stiefax.frames import FrameSpec
 from stiefax.geometry import POLAR_METHODS
+from stiefax.sphere import hyperball_adam
+from stiefax.sphere import sphere_project
+from stiefax.sphere import sphere_retract
 from stiefax.transforms import PROJECTORS
 from stiefax.transforms import ElementwiseMomentState
 from stiefax.transforms import PolarRetractState
@@ -43,10 +48,15 @@ __all__ = [
     "riemannian_adam",
     "riemannian_sgd",
     "stiefel_adamw",
+    "sphere_project",
+    "sphere_retract",
+    "hyperball_adam",
     "POLAR_METHODS",
     "PROJECTORS",
     "MOMENTS",
     "geometry",
     "flax",
     "diagnostics",
+    "covariance",
+    "certificates",
 ]

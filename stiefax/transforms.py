@@ -159,6 +159,14 @@ def grassmann_project(frames: FramesLike = FrameSpec()) -> optax.GradientTransfo
   gauge block ``W W^T G``, which is *not* a symmetry of attention (Proposition 1), so
   it discards the ``||Pi_{G_W} g||^2`` share of the decrease (Proposition 2, eq. 12).
 
+  Example:
+    >>> import jax, jax.numpy as jnp, optax, stiefax
+    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 2, 3))
+    >>> g = jax.random.normal(jax.random.key(1), w.shape)
+    >>> h, _ = stiefax.grassmann_project().update(g, optax.EmptyState(), w)
+    >>> bool(jnp.max(jnp.abs(jnp.einsum("dhr,dhs->hrs", w, h))) < 1e-6)  # W^T h = 0
+    True
+
   Args:
     frames: how each leaf is viewed as frames.
 
@@ -172,6 +180,14 @@ def canonical_gradient(frames: FramesLike = FrameSpec()) -> optax.GradientTransf
   """Maps each frame's gradient to the canonical-metric gradient ``G - W G^T W`` (eq. 4).
 
   Used by the B2m-can arm. The result is tangent at ``W``.
+
+  Example:
+    >>> import jax, optax, stiefax
+    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 2, 3))
+    >>> g = jax.random.normal(jax.random.key(1), w.shape)
+    >>> xi, _ = stiefax.canonical_gradient().update(g, optax.EmptyState(), w)
+    >>> bool(stiefax.diagnostics.tangency_error(w, xi) < 1e-6)
+    True
 
   Args:
     frames: how each leaf is viewed as frames.
@@ -188,7 +204,14 @@ def canonical_gradient(frames: FramesLike = FrameSpec()) -> optax.GradientTransf
 
 
 class ScalarMomentState(NamedTuple):
-  """State of :func:`scalar_moment`."""
+  """State of :func:`scalar_moment`.
+
+  Attributes:
+    count: int32 scalar, the steps taken (for the bias correction).
+    mu: the first moment, a tree like the params, tangent at the current point.
+    nu: the second moment, one scalar per frame: leaves of the frames' batch shape.
+    skipped: int32 per leaf, frame-steps skipped because the update was not finite.
+  """
 
   count: jax.Array  # int32 scalar: steps taken (for bias correction).
   mu: Any  # first moment, tree like params: tangent at the current point.
@@ -197,7 +220,14 @@ class ScalarMomentState(NamedTuple):
 
 
 class ElementwiseMomentState(NamedTuple):
-  """State of :func:`elementwise_moment`."""
+  """State of :func:`elementwise_moment`.
+
+  Attributes:
+    count: int32 scalar, the steps taken.
+    mu: the first moment, a tree like the params.
+    nu: the second moment, a tree like the params (one entry per parameter entry).
+    skipped: int32 per leaf, frame-steps skipped because the update was not finite.
+  """
 
   count: jax.Array  # int32 scalar: steps taken.
   mu: Any  # first moment, tree like params.
@@ -299,7 +329,10 @@ def scalar_moment(
   ``out`` is tangent at ``W`` (the re-projection of the quotient is exact because the
   divisor is a scalar). The scalar moment makes the update ``O(d)``-equivariant
   (Proposition 7) and, with ``eps = 0``, degree zero in the gradient
-  (Proposition 3(ii)); Jensen gives ``||m_hat_t||_F <= sqrt(v_hat_t)``. When
+  (Proposition 3(ii)). Jensen gives ``||m_hat_t||_F <= sqrt(v_hat_t)`` when
+  ``b1 = b2``, and for ``b1 <= b2`` when tangent-gradient norms do not grow; with the
+  defaults and growing gradients the ratio can exceed 1 (see
+  :mod:`stiefax.certificates`), which the step cap then bounds. When
   ``v_hat_t = 0`` the step is defined as zero (no ``0/0``). The state stores
   ``mu`` like the params and ``nu`` as one scalar per frame. A frame whose update holds
   a NaN or an Inf keeps ``mu`` and ``nu`` and outputs a zero step; ``skipped`` counts
@@ -344,6 +377,19 @@ def elementwise_moment(
   ``out = Pi_W(m_hat_t / (sqrt(v_hat_t) + eps))`` (re-projected, since an entrywise
   quotient leaves the tangent space). The per-entry scaling varies down the columns,
   so the update is *not* ``O(d)``-equivariant (Proposition 7, Table 9).
+
+  Example:
+    >>> import jax, stiefax
+    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 2, 3))
+    >>> tx = stiefax.elementwise_moment()
+    >>> state = tx.init(w)
+    >>> state.nu.shape  # one second moment per entry (the scalar moment keeps (2,))
+    (6, 2, 3)
+    >>> g = stiefax.geometry.stiefel_project(
+    ...     jax.numpy.swapaxes(w, 0, 1), jax.random.normal(jax.random.key(1), (2, 6, 3)))
+    >>> step, state = tx.update(jax.numpy.swapaxes(g, 0, 1), state, w)
+    >>> bool(stiefax.diagnostics.tangency_error(w, step) < 1e-5)
+    True
 
   Args:
     b1: decay of the first moment.
@@ -412,7 +458,11 @@ def step_norm_cap(max_norm=0.1, frames: FramesLike = FrameSpec()) -> optax.Gradi
 
 
 class PolarRetractState(NamedTuple):
-  """State of :func:`polar_retract`."""
+  """State of :func:`polar_retract`.
+
+  Attributes:
+    skipped: int32 per leaf, frame-steps skipped because the update was not finite.
+  """
 
   skipped: Any  # int32 per leaf: frame-steps skipped because the update was not finite.
 

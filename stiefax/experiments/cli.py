@@ -73,4 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  # Run through the package module so commands raise the CommandError caught above.
+  from stiefax.experiments import cli as _cli  # pylint: disable=g-import-not-at-top
+
+  sys.exit(_cli.main())

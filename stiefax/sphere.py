@@ -1,0 +1,451 @@
+"""Constant-norm ("Hyperball") optimization: each frame kept on its own sphere.
+
+A scale-invariant parameter, ``l(c W) = l(W)`` for ``c > 0`` (query/key projections
+under QK-norm, for example), has no use for its norm: only its direction matters.
+These transforms optimize such a parameter on the sphere ``{W : ||W||_F = rho}`` of
+each frame with the same scalar second moment and step cap as the corrected
+Riemannian Adam of the paper (section 3.2), the sphere playing the role of
+``St(d, r)``:
+
+    sphere_project -> sphere moment -> scale_by_learning_rate -> step_norm_cap
+      -> (relative scale) -> sphere_retract
+
+Frames are the groups of entries whose joint norm is kept: for a leaf viewed with a
+:class:`stiefax.FrameSpec`, the entries of one frame are those sharing the batch
+indices (all of a head's ``d x r`` block, say). Unlike Stiefel frames, sphere frames
+may be wide (``r > d``). A vector is one ``d x 1`` frame and a scalar a ``1 x 1``
+frame, whatever ``frames`` says.
+
+Notation: ``<A, B> = sum_ij A_ij B_ij`` and ``||A||`` the Frobenius norm, both per
+frame.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from stiefax import geometry
+from stiefax.frames import FrameSpec, FramesLike, resolve_frames
+from stiefax.transforms import ScalarMomentState
+
+__all__ = ["sphere_project", "sphere_retract", "sphere_moment", "hyperball_adam"]
+
+ScalarOrSchedule = Union[float, jax.Array, optax.Schedule]
+
+_PARAMS_REQUIRED = (
+    "stiefax.{name} needs the current point W: call"
+    " `tx.update(updates, state, params)`. The sphere transforms project onto the"
+    " tangent space of the sphere at W and retract from W, so they cannot run without"
+    " params. (With nnx.Optimizer and optax.partition the params are passed for you.)"
+)
+
+
+def _require_params(name: str, params: Any) -> None:
+  if params is None:
+    raise ValueError(_PARAMS_REQUIRED.format(name=name))
+
+
+def frame_axes(spec: FrameSpec, shape: Sequence[int]) -> tuple[int, ...]:
+  """The axes of a leaf that one frame spans (rows and columns), sorted.
+
+  Reductions over these axes give one value per frame, in the order of the frames'
+  batch shape. A vector spans its only axis (a ``d x 1`` frame) and a scalar no axis,
+  whatever ``spec`` says.
+
+  Example:
+    >>> from stiefax import FrameSpec
+    >>> from stiefax.sphere import frame_axes
+    >>> frame_axes(FrameSpec(), (128, 8, 16)), frame_axes(FrameSpec(), (64,))
+    ((0, 2), (0,))
+
+  Args:
+    spec: the :class:`stiefax.FrameSpec` of the leaf.
+    shape: the leaf's shape.
+
+  Returns:
+    A sorted tuple of axes.
+
+  Raises:
+    ValueError: if ``spec`` names an axis the shape does not have.
+  """
+  ndim = len(shape)
+  if ndim <= 1:
+    return tuple(range(ndim))
+  named = (spec.row_axis,) + tuple(spec.col_axes)
+  for a in named:
+    if not -ndim <= a < ndim:
+      raise ValueError(
+          f"{spec} names axis {a}, which does not exist for a parameter of shape"
+          f" {tuple(shape)}. Give a FrameSpec whose row_axis and col_axes lie in"
+          f" [-{ndim}, {ndim - 1}] (pass frames=...)."
+      )
+  axes = sorted({a % ndim for a in named})
+  if len(axes) != len(named):
+    raise ValueError(
+        f"{spec} uses an axis twice for a parameter of shape {tuple(shape)}: the row"
+        " axis and the column axes must be distinct."
+    )
+  return tuple(axes)
+
+
+def frame_columns(spec: FrameSpec, shape: Sequence[int]) -> int:
+  """The column count ``r`` of each frame (1 for vectors and scalars)."""
+  if len(shape) <= 1:
+    return 1
+  frame_axes(spec, shape)  # validates the axes
+  return math.prod(shape[a % len(shape)] for a in spec.col_axes)
+
+
+def frame_inner(a: jax.Array, b: jax.Array, axes: Sequence[int]) -> jax.Array:
+  """``<A, B>`` per frame, kept as size-1 axes so it broadcasts against the leaf."""
+  return jnp.sum(a * b, axis=tuple(axes), keepdims=True)
+
+
+def _cd(x: jax.Array) -> jnp.dtype:
+  return jnp.promote_types(geometry.compute_dtype(x.dtype), jnp.float32)
+
+
+def _safe_div(num: jax.Array, den: jax.Array) -> jax.Array:
+  """``num / den`` where ``den > 0``, else 0."""
+  pos = den > 0
+  return jnp.where(pos, num / jnp.where(pos, den, 1), 0)
+
+
+def project_to_sphere_tangent(w: jax.Array, g: jax.Array, axes: Sequence[int]) -> jax.Array:
+  """``G - <G, W> / ||W||^2 W`` per frame (``G`` itself where ``W = 0``)."""
+  coef = _safe_div(frame_inner(g, w, axes), frame_inner(w, w, axes))
+  return g - coef * w
+
+
+def _leaf_axes(frames: FramesLike, path: Any, w: jax.Array) -> tuple[int, ...]:
+  return frame_axes(resolve_frames(frames, path, w), w.shape)
+
+
+def sphere_project(frames: FramesLike = FrameSpec()) -> optax.GradientTransformation:
+  """Projects each frame's update onto the tangent space of its sphere.
+
+  ``G -> G - <G, W> / ||W||^2 W``: the orthogonal projection onto
+  ``{X : <X, W> = 0}``, the tangent space at ``W`` of the sphere of radius ``||W||``.
+  It is the sphere's analogue of the Stiefel projection (paper eq. 3). For a
+  scale-invariant loss the gradient is already tangent (``<grad, W> = 0``, by the
+  argument of Proposition 1 applied to the scaling group), so the projection only
+  removes what the optimizer adds (weight decay, for instance: the gradient
+  ``lambda W`` is annihilated, as in Proposition 8). A zero frame is left unprojected.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, stiefax
+    >>> w = jnp.array([3.0, 4.0])
+    >>> out, _ = stiefax.sphere_project().update(jnp.array([1.0, 0.0]), optax.EmptyState(), w)
+    >>> out.round(4)                      # (1, 0) - 3/25 (3, 4)
+    Array([ 0.64, -0.48], dtype=float32)
+
+  Args:
+    frames: how each leaf is grouped into frames (a :class:`stiefax.FrameSpec` or a
+      callable ``(path, leaf) -> FrameSpec``); vectors are one frame.
+
+  Returns:
+    An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
+  """
+
+  def init_fn(params):
+    del params
+    return optax.EmptyState()
+
+  def update_fn(updates, state, params=None):
+    _require_params("sphere_project", params)
+
+    def leaf(path, u, w):
+      axes = _leaf_axes(frames, path, w)
+      cd = _cd(u)
+      out = project_to_sphere_tangent(w.astype(cd), u.astype(cd), axes)
+      return out.astype(u.dtype)
+
+    return jax.tree_util.tree_map_with_path(leaf, updates, params), state
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def sphere_retract(
+    radius: Optional[Any] = None, frames: FramesLike = FrameSpec()
+) -> optax.GradientTransformation:
+  """Retracts each frame onto its sphere; put it last in a chain.
+
+  Returns ``rho (W + G) / ||W + G|| - W`` per frame, so ``optax.apply_updates`` lands
+  on ``rho (W + G) / ||W + G||``, the nearest point of the sphere of radius ``rho``
+  to ``W + G`` (the sphere's polar retraction, cf. paper section 3.2). ``radius=None``
+  keeps each frame's current norm, ``rho = ||W||``; a given ``radius`` puts every
+  frame on the sphere of that radius (from the first step on). A frame whose step is
+  zero (with ``radius=None``) or not finite, or for which ``W + G = 0``, keeps its
+  point exactly.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, stiefax
+    >>> w = jnp.array([3.0, 4.0])
+    >>> tx = stiefax.sphere_retract()
+    >>> u, _ = tx.update(jnp.array([1.0, -1.0]), tx.init(w), w)
+    >>> w = optax.apply_updates(w, u)
+    >>> float(jnp.linalg.norm(w)), w.round(4)          # 5 (4, 3) / 5
+    (5.0, Array([4., 3.], dtype=float32))
+
+  Args:
+    radius: ``rho``: ``None`` (keep each frame's norm), a float, or an array that
+      broadcasts against the frames' batch shape.
+    frames: how each leaf is grouped into frames; vectors are one frame.
+
+  Returns:
+    An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
+  """
+
+  def init_fn(params):
+    del params
+    return optax.EmptyState()
+
+  def update_fn(updates, state, params=None):
+    _require_params("sphere_retract", params)
+
+    def leaf(path, u, w):
+      axes = _leaf_axes(frames, path, w)
+      cd = _cd(w)
+      wf, g = w.astype(cd), u.astype(cd)
+      finite = jnp.all(jnp.isfinite(g), axis=axes, keepdims=True)
+      g = jnp.where(finite, g, 0)
+      a = wf + g
+      norm_a = jnp.sqrt(frame_inner(a, a, axes))
+      if radius is None:
+        rho = jnp.sqrt(frame_inner(wf, wf, axes))
+        keep = ~finite | (norm_a == 0) | jnp.all(g == 0, axis=axes, keepdims=True)
+      else:
+        rho = _expand_to_frames(jnp.asarray(radius, cd), w.shape, axes)
+        keep = ~finite | (norm_a == 0)
+      delta = rho * _safe_div(a, norm_a) - wf
+      return jnp.where(keep, 0, delta).astype(u.dtype)
+
+    return jax.tree_util.tree_map_with_path(leaf, updates, params), state
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _expand_to_frames(x: jax.Array, shape: Sequence[int], axes: Sequence[int]) -> jax.Array:
+  """Inserts size-1 axes into a per-frame array ``x`` (batch shape) at ``axes``."""
+  batch_shape = tuple(s for i, s in enumerate(shape) if i not in axes)
+  x = jnp.broadcast_to(x, batch_shape)
+  return jnp.expand_dims(x, tuple(axes)) if axes else x
+
+
+def sphere_moment(
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    frames: FramesLike = FrameSpec(),
+    *,
+    mu_dtype: Any = None,
+) -> optax.GradientTransformation:
+  """Adam moments with one second-moment scalar per frame, transported on the sphere.
+
+  :func:`stiefax.scalar_moment` with the sphere's projection ``P_W`` in place of the
+  Stiefel one. For each frame with current point ``W`` and tangent update ``xi_t``::
+
+      m_t = P_W(b1 m_{t-1} + (1 - b1) xi_t)     # P_W(X) = X - <X, W> / ||W||^2 W
+      v_t = b2 v_{t-1} + (1 - b2) ||xi_t||^2     # a scalar per frame
+      out = m_hat_t / (sqrt(v_hat_t) + eps)
+
+  ``out`` is tangent to the sphere at ``W``; with ``eps = 0`` it is degree zero in the
+  gradient (Proposition 3(ii)) and ``||out|| <= 1`` (Jensen). ``v_hat = 0`` gives a
+  zero step; a frame whose update is not finite keeps its moments and outputs zero
+  (``skipped`` counts such frame-steps). The state is a
+  :class:`stiefax.ScalarMomentState` whose ``nu`` holds one scalar per frame.
+
+  Example:
+    >>> import jax.numpy as jnp, stiefax
+    >>> from stiefax.sphere import sphere_moment
+    >>> sphere_moment().init(jnp.ones((16, 4, 8))).nu.shape   # one scalar per head
+    (4,)
+
+  Args:
+    b1: decay of the first moment.
+    b2: decay of the second moment.
+    eps: added to ``sqrt(v_hat)``.
+    frames: how each leaf is grouped into frames; vectors are one frame.
+    mu_dtype: dtype of ``mu`` (default: the parameter's dtype).
+
+  Returns:
+    An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
+  """
+
+  def init_fn(params):
+    def leaf(path, w):
+      axes = _leaf_axes(frames, path, w)
+      batch_shape = tuple(s for i, s in enumerate(w.shape) if i not in axes)
+      mu = jnp.zeros(w.shape, mu_dtype or w.dtype)
+      nu = jnp.zeros(batch_shape, _cd(w))
+      return mu, nu, jnp.zeros(batch_shape, jnp.int32)
+
+    treedef = jax.tree_util.tree_structure(params)
+    outs = treedef.flatten_up_to(jax.tree_util.tree_map_with_path(leaf, params))
+    mu, nu, skipped = (treedef.unflatten([o[i] for o in outs]) for i in range(3))
+    return ScalarMomentState(jnp.zeros([], jnp.int32), mu, nu, skipped)
+
+  def update_fn(updates, state, params=None):
+    _require_params("sphere_moment", params)
+    count = optax.safe_increment(state.count)
+
+    def leaf(path, u, w, mu, nu, skipped):
+      axes = _leaf_axes(frames, path, w)
+      cd = jnp.promote_types(_cd(u), nu.dtype)
+      wf, xi, m_prev = w.astype(cd), u.astype(cd), mu.astype(cd)
+      v_prev = _expand_to_frames(nu.astype(cd), w.shape, axes)
+      finite = jnp.all(jnp.isfinite(xi), axis=axes, keepdims=True)
+      xi = jnp.where(finite, xi, 0)
+      m = project_to_sphere_tangent(wf, b1 * m_prev + (1 - b1) * xi, axes)
+      v = b2 * v_prev + (1 - b2) * frame_inner(xi, xi, axes)
+      t = count.astype(cd)
+      m_hat = m / (1 - jnp.asarray(b1, cd) ** t)
+      v_hat = v / (1 - jnp.asarray(b2, cd) ** t)
+      step = _safe_div(m_hat, jnp.sqrt(v_hat) + eps)
+      step = jnp.where(finite, step, 0)
+      m = jnp.where(finite, m, m_prev)
+      v = jnp.where(finite, v, v_prev)
+      finite_b = jnp.squeeze(finite, axis=axes) if axes else finite
+      v = jnp.squeeze(v, axis=axes) if axes else v
+      return (
+          step.astype(u.dtype),
+          m.astype(mu.dtype),
+          v.astype(nu.dtype),
+          skipped + (~finite_b).astype(jnp.int32),
+      )
+
+    treedef = jax.tree_util.tree_structure(updates)
+    outs = treedef.flatten_up_to(jax.tree_util.tree_map_with_path(
+        leaf, updates, params, state.mu, state.nu, state.skipped))
+    out, mu, nu, skipped = (treedef.unflatten([o[i] for o in outs]) for i in range(4))
+    return out, ScalarMomentState(count, mu, nu, skipped)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _relative_step(frames: FramesLike) -> optax.GradientTransformation:
+  """Multiplies each frame's step by ``||W|| / sqrt(r)`` (1 on a Stiefel frame)."""
+
+  def init_fn(params):
+    del params
+    return optax.EmptyState()
+
+  def update_fn(updates, state, params=None):
+    _require_params("hyperball_adam", params)
+
+    def leaf(path, u, w):
+      spec = resolve_frames(frames, path, w)
+      axes = frame_axes(spec, w.shape)
+      cd = _cd(u)
+      wf = w.astype(cd)
+      scale = jnp.sqrt(frame_inner(wf, wf, axes) / frame_columns(spec, w.shape))
+      return (u.astype(cd) * scale).astype(u.dtype)
+
+    return jax.tree_util.tree_map_with_path(leaf, updates, params), state
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _sphere_cap(max_norm, frames: FramesLike) -> optax.GradientTransformation:
+  """``eta -> eta min(1, tau sqrt(r) / ||eta||)`` per frame (wide frames allowed)."""
+
+  def init_fn(params):
+    del params
+    return optax.EmptyState()
+
+  def update_fn(updates, state, params=None):
+    del params
+
+    def leaf(path, u):
+      spec = resolve_frames(frames, path, u)
+      axes = frame_axes(spec, u.shape)
+      cd = _cd(u)
+      eta = u.astype(cd)
+      norm = jnp.sqrt(frame_inner(eta, eta, axes))
+      limit = jnp.asarray(max_norm, cd) * math.sqrt(frame_columns(spec, u.shape))
+      scale = jnp.where(norm > limit, _safe_div(limit, norm), 1)
+      return (eta * scale).astype(u.dtype)
+
+    return jax.tree_util.tree_map_with_path(leaf, updates), state
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def hyperball_adam(
+    learning_rate: ScalarOrSchedule = 1.0,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    max_norm: Optional[float] = 0.1,
+    radius: Optional[Any] = None,
+    *,
+    frames: FramesLike = FrameSpec(),
+    relative: bool = True,
+    mu_dtype: Any = None,
+) -> optax.GradientTransformation:
+  r"""Scalar-moment, step-capped Adam on the sphere of each frame ("Hyperball").
+
+  The corrected Riemannian Adam of the paper (section 3.2) with the sphere
+  ``{||W|| = rho}`` in place of ``St(d, r)``. Per frame ``W`` with ``r`` columns and
+  Euclidean gradient ``g_t``::
+
+      xi_t  = g_t - <g_t, W> / ||W||^2 W                  # sphere_project
+      m_t   = P_W(b1 m_{t-1} + (1 - b1) xi_t)               # sphere_moment
+      v_t   = b2 v_{t-1} + (1 - b2) ||xi_t||^2
+      eta_t = -lr m_hat_t / (sqrt(v_hat_t) + eps)
+      eta_t = eta_t min(1, tau sqrt(r) / ||eta_t||)         # step cap, tau = max_norm
+      eta_t = eta_t ||W|| / sqrt(r)                         # relative=True
+      W    <- rho (W + eta_t) / ||W + eta_t||               # sphere_retract
+
+  A Stiefel frame has ``||W|| = sqrt(r)``, so with ``relative=True`` a frame of any
+  norm takes the step B2 takes on ``St(d, r)``: its relative displacement is at most
+  ``min(lr, tau sqrt(r)) / sqrt(r)`` (Proposition 3(ii); equal to ``tau`` while the
+  cap binds) and its rotation at most ``arctan(tau sqrt(r))`` (cf. Proposition 6).
+  With ``radius=None`` (each frame keeps its norm) and ``eps = 0`` the optimizer is
+  covariant under rotations of the rows (Proposition 7), of the columns, positive
+  rescaling of each frame, and rescaling of the loss (:mod:`stiefax.covariance`
+  measures all four). ``relative=False`` leaves the step absolute.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, optax, stiefax
+    >>> w = jax.random.normal(jax.random.key(0), (16, 2, 4))   # two heads
+    >>> tx = stiefax.hyperball_adam()
+    >>> state = tx.init(w)
+    >>> g = jax.random.normal(jax.random.key(1), w.shape)
+    >>> updates, state = tx.update(g, state, w)
+    >>> norms = lambda x: jnp.sqrt(jnp.sum(x ** 2, axis=(0, 2)))
+    >>> bool(jnp.allclose(norms(optax.apply_updates(w, updates)), norms(w)))
+    True
+
+  Args:
+    learning_rate: the rate (a float or an Optax schedule); the step is capped, so
+      with the default 1.0 the cap sets the step.
+    b1: first-moment decay.
+    b2: second-moment decay.
+    eps: added to ``sqrt(v_hat)``: the gradient scale below which frames slow down.
+    max_norm: ``tau`` of the cap ``||eta|| <= tau sqrt(r)`` (before the relative
+      scaling); ``None`` drops the cap.
+    radius: ``None`` (keep each frame's norm) or the radius of every frame's sphere.
+    frames: how each leaf is grouped into frames; vectors are one frame.
+    relative: scale each step by ``||W|| / sqrt(r)``, so that the step is an angle.
+    mu_dtype: dtype of the first moment (default: the parameter's).
+
+  Returns:
+    An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
+  """
+  parts = [
+      sphere_project(frames),
+      sphere_moment(b1, b2, eps, frames, mu_dtype=mu_dtype),
+      optax.scale_by_learning_rate(learning_rate),
+  ]
+  if max_norm is not None:
+    parts.append(_sphere_cap(max_norm, frames))
+  if relative:
+    parts.append(_relative_step(frames))
+  parts.append(sphere_retract(radius, frames))
+  return optax.chain(*parts)
