@@ -1,0 +1,352 @@
+"""The grokking experiment (`stiefax grok`) and `stiefax report`, end to end.
+
+The command-line runs use a reduced model (p = 23, d = 32, one layer) registered as a
+preset for the duration of a test, so the whole module runs in well under a minute;
+the paper's model itself is checked for its shapes and split, and trained by the slow
+acceptance test.
+"""
+
+import dataclasses
+import json
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+import stiefax
+from stiefax.experiments import cli
+from stiefax.experiments import grok
+
+TINY = grok.GrokConfig(
+    modulus=23, d_model=32, num_heads=2, head_dim=8, num_layers=1, readout_hidden=32,
+    learning_rate=1e-2, epochs=80, eval_every=20,
+)
+
+
+@pytest.fixture
+def tiny_preset(monkeypatch):
+  monkeypatch.setitem(grok.PRESETS, "tiny", dict(config=TINY, arms=("A2", "B2"), seeds=(0,)))
+  return "tiny"
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(tmp_path_factory):
+  """`stiefax grok --preset tiny --arms A2,B2 --seeds 0` into a fresh directory."""
+  out = tmp_path_factory.mktemp("grok")
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setitem(grok.PRESETS, "tiny", dict(config=TINY, arms=("A2", "B2"), seeds=(0,)))
+    with jax.numpy_rank_promotion("raise"):
+      rc = cli.main(["grok", "--preset", "tiny", "--arms", "A2,B2", "--seeds", "0",
+                     "--out", str(out)])
+  assert rc == 0
+  return out
+
+
+def _load(out: pathlib.Path, arm: str, seed: int = 0) -> dict:
+  return json.loads((out / grok.run_file_name(arm, seed, False)).read_text())
+
+
+# ----------------------------------------------------------------------------
+# Metrics on hand-made histories.
+# ----------------------------------------------------------------------------
+
+
+def test_memorized_and_grokked_are_first_crossings():
+  ep = [0, 100, 200, 300]
+  assert grok.memorized_epoch(ep, [0.0, 0.5, 0.99, 1.0]) == 200
+  assert grok.memorized_epoch(ep, [0.0, 0.5, 0.989, 0.98]) is None
+  assert grok.grokked_epoch(ep, [0.0, 0.96, 0.1, 0.2]) == 100  # a spike counts
+  assert grok.grokked_epoch(ep, [0.0, 0.949, 0.1, 0.2]) is None
+
+
+def test_sustained_needs_k_consecutive_evaluations():
+  ep = [0, 100, 200, 300, 400, 500, 600]
+  acc = [0.0, 0.96, 0.97, 0.5, 0.95, 0.96, 0.99]
+  assert grok.grokked_epoch(ep, acc) == 100
+  assert grok.sustained_epoch(ep, acc, k=3) == 400  # the 100-200 run is only 2 long
+  assert grok.sustained_epoch(ep, acc, k=2) == 100
+  assert grok.sustained_epoch(ep, acc, k=4) is None
+  assert grok.sustained_epoch(ep[:6], acc[:6], k=3) is None  # run ends at 2
+  with pytest.raises(ValueError, match="k=0"):
+    grok.sustained_epoch(ep, acc, k=0)
+
+
+def test_tail_mean_is_the_final_quarter():
+  ep = list(range(0, 20_001, 100))
+  acc = [0.0] * len(ep)
+  for i, e in enumerate(ep):
+    if e >= 15_000:
+      acc[i] = 1.0
+  assert grok.tail_mean(ep, acc) == 1.0  # exactly epochs 15 000-20 000
+  acc[ep.index(14_900)] = 1.0
+  acc[ep.index(15_000)] = 0.0
+  assert grok.tail_mean(ep, acc) == pytest.approx(50 / 51)
+  assert grok.tail_mean(ep, acc, fraction=1.0) == pytest.approx(51 / 201)
+
+
+def test_run_metrics_from_history():
+  h = {"epoch": [0, 10, 20, 30, 40], "train_acc": [0.0, 1.0, 0.2, 1.0, 1.0],
+       "test_acc": [0.0, 0.0, 0.95, 0.96, 0.97], "isometry": [0.3, 0.5, 0.2, 0.4, 0.1]}
+  m = grok.run_metrics(h, dataclasses.replace(TINY, epochs=40, eval_every=10))
+  assert (m["memorized_epoch"], m["grokked_epoch"], m["sustained_epoch"]) == (10, 20, 20)
+  assert m["end_test_acc"] == 0.97 and m["end_train_acc"] == 1.0
+  assert m["tail_test_acc"] == pytest.approx((0.96 + 0.97) / 2)
+  assert (m["initial_isometry"], m["final_isometry"], m["max_isometry"]) == (0.3, 0.1, 0.5)
+  assert m["max_isometry_after_init"] == 0.5
+
+
+# ----------------------------------------------------------------------------
+# The paper's model, data split and arms (no training).
+# ----------------------------------------------------------------------------
+
+
+def test_paper_model_and_split_shapes():
+  cfg = grok.PAPER
+  data = grok.make_data(cfg, seed=0)
+  assert data["x_train"].shape == (3764, 3) and data["x_test"].shape == (5645, 3)
+  pairs = {tuple(r) for r in np.concatenate([data["x_train"], data["x_test"]])[:, :2]}
+  assert len(pairs) == 97 * 97
+  assert np.all(data["x_train"][:, 2] == 97)  # the "=" token
+  assert np.array_equal(data["y_train"], (data["x_train"][:, 0] + data["x_train"][:, 1]) % 97)
+  other = grok.make_data(cfg, seed=1)
+  assert not np.array_equal(other["x_train"], data["x_train"])  # split follows the seed
+
+  params = jax.eval_shape(lambda: grok.init_params(cfg, grok.ARMS["A2"], 0))
+  p = params["params"]
+  assert p["token_embed"]["embedding"].shape == (98, 128)
+  assert p["pos_embed"]["embedding"].shape == (3, 128)
+  for i in range(2):
+    attn = p[f"block_{i}"]["attn"]
+    assert attn["query"]["kernel"].shape == (128, 4, 32)
+    assert attn["key"]["kernel"].shape == (128, 4, 32)
+    assert p[f"block_{i}"]["ffn_in"]["kernel"].shape == (128, 512)
+  assert "block_2" not in p
+  assert p["readout_hidden"]["kernel"].shape == (3 * 128, 128)
+  assert p["readout_out"]["kernel"].shape == (128, 97)
+  labels = jax.tree.leaves(stiefax.flax.qk_labels(params))
+  assert labels.count("stiefel") == 4
+
+
+def test_arms_share_circuit_init_and_differ_in_frames():
+  a2 = grok.init_params(TINY, grok.ARMS["A2"], 3)
+  b2 = grok.init_params(TINY, grok.ARMS["B2"], 3)
+  sn = grok.init_params(TINY, grok.ARMS["B2-sn"], 3)
+  labels = stiefax.flax.qk_labels(a2)
+  for lab, x, y, z in zip(*(jax.tree.leaves(t) for t in (labels, a2, b2, sn))):
+    if lab == "stiefel":
+      assert not np.allclose(x, y)  # B2 snapped onto the manifold, A2 not
+      np.testing.assert_allclose(y, z)
+    else:
+      np.testing.assert_array_equal(x, y)
+      scale = 0.1 if x.ndim >= 2 else 1.0
+      np.testing.assert_allclose(z, scale * np.asarray(x), rtol=1e-6)
+  assert float(stiefax.diagnostics.isometry_error(b2, stiefax.flax.qk_labels)) < 2e-6
+  assert float(stiefax.diagnostics.isometry_error(a2, stiefax.flax.qk_labels)) > 1e-2
+  other_seed = grok.init_params(TINY, grok.ARMS["A2"], 4)
+  emb = lambda p: p["params"]["token_embed"]["embedding"]
+  assert not np.allclose(emb(other_seed), emb(a2))
+
+
+def _toy_params():
+  """A small linen-style tree: two frame kernels, a value kernel, a dense layer."""
+  init = stiefax.flax.orthonormal_init()
+  k = jax.random.split(jax.random.key(0), 4)
+  return {"params": {
+      "attn": {"query": {"kernel": init(k[0], (8, 2, 4))},
+               "key": {"kernel": init(k[1], (8, 2, 4))},
+               "value": {"kernel": 0.3 * jax.random.normal(k[2], (8, 2, 4))}},
+      "dense": {"kernel": jax.random.normal(k[3], (8, 8)), "bias": jax.numpy.ones(8)},
+  }}
+
+
+def _first_update(config, arm, grad_value):
+  params = _toy_params()
+  tx = grok.make_optimizer(config, grok.ARMS[arm])
+  grads = jax.tree.map(lambda w: jax.numpy.full_like(w, grad_value), params)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  return params["params"], updates["params"]
+
+
+# Zero gradient: only decoupled decay moves a parameter, by -lr * decay * w.
+# (frame decay, circuit decay) per arm; None: the frames stay on the manifold.
+_DECAY = {"A2": (1.0, 1.0), "B2": (None, 1.0), "B2m": (None, 1.0), "B2m-can": (None, 1.0),
+          "B2-frz": (0.0, 1.0), "A2-nwf": (0.0, 1.0), "B2-hi": (None, 2.0),
+          "B2-sn": (None, 1.0), "B2-comb": (None, 2.0)}
+
+
+@pytest.mark.parametrize("arm", list(grok.ARMS))
+def test_arm_decay_and_frame_rules(arm):
+  assert set(_DECAY) == set(grok.ARMS)
+  lr = TINY.learning_rate
+  frame_decay, circuit_decay = _DECAY[arm]
+  w, u = _first_update(TINY, arm, 0.0)
+  np.testing.assert_allclose(u["dense"]["kernel"], -lr * circuit_decay * w["dense"]["kernel"],
+                             rtol=1e-5, atol=1e-8)
+  np.testing.assert_allclose(u["dense"]["bias"], 0.0, atol=1e-8)  # no decay on vectors
+  for name in ("query", "key"):
+    got = u["attn"][name]["kernel"]
+    if frame_decay is None:
+      assert float(np.abs(got).max()) < 1e-5  # decay cannot act on St(d, r)
+    else:
+      np.testing.assert_allclose(got, -lr * frame_decay * w["attn"][name]["kernel"],
+                                 rtol=1e-5, atol=1e-8)
+  # A nonzero gradient moves the frames in every arm but B2-frz, and keeps B2's on St.
+  w, u = _first_update(TINY, arm, 0.1)
+  moves = [float(np.abs(u["attn"][n]["kernel"]).max()) for n in ("query", "key")]
+  assert (max(moves) == 0.0) if arm == "B2-frz" else (min(moves) > 1e-4)
+  if frame_decay is None:
+    new = jax.tree.map(lambda a, b: a + b, w, u)
+    assert float(stiefax.diagnostics.isometry_error(new["attn"]["query"]["kernel"])) < 1e-5
+
+
+def test_stabilize_sets_power_et_al():
+  parser, parsers = cli.build_parser()
+  grok.add_arguments(parsers["grok"][0])
+  args = parser.parse_args(["grok", "--stabilize", "--arms", "B2"])
+  cfg, arms, seeds = grok.resolve_config(args)
+  assert (cfg.b2, cfg.warmup, arms, seeds) == (0.98, 10, ["B2"], [0])
+
+  def largest_first_step(c):
+    _, u = _first_update(c, "B2", 1.0)
+    return max(float(np.abs(x).max()) for x in jax.tree.leaves(u))
+
+  assert largest_first_step(cfg) < 1e-5  # the warm-up starts every rate at 0
+  assert largest_first_step(dataclasses.replace(cfg, warmup=0)) > 1e-4
+  args = parser.parse_args(["grok", "--preset", "paper"])
+  assert grok.resolve_config(args)[0] == grok.PAPER
+
+
+# ----------------------------------------------------------------------------
+# The command line, end to end.
+# ----------------------------------------------------------------------------
+
+
+def test_cli_writes_one_json_per_run(tiny_runs, capsys):
+  files = sorted(p.name for p in tiny_runs.glob("*.json"))
+  assert files == ["A2_seed0.json", "B2_seed0.json"]
+  for arm in ("A2", "B2"):
+    r = _load(tiny_runs, arm)
+    assert set(r) >= {"experiment", "arm", "seed", "config", "metrics", "history", "wall_time"}
+    assert (r["experiment"], r["arm"], r["seed"]) == ("grok", arm, 0)
+    assert r["config"]["epochs"] == 80 and r["config"]["modulus"] == 23
+    assert r["config"]["n_train"] == round(0.4 * 23 * 23)
+    h = r["history"]
+    assert h["epoch"] == [0, 20, 40, 60, 80]
+    for k in ("train_acc", "test_acc", "train_loss", "isometry"):
+      assert len(h[k]) == 5 and all(np.isfinite(h[k]))
+    assert h["train_loss"][-1] < h["train_loss"][0]
+    assert r["metrics"]["memorized_epoch"] is not None  # the tiny task memorizes
+    assert r["metrics"]["end_test_acc"] == h["test_acc"][-1]
+    assert r["wall_time"] > 0
+
+
+def test_cli_isometry_contrast(tiny_runs):
+  a2, b2 = _load(tiny_runs, "A2")["history"], _load(tiny_runs, "B2")["history"]
+  assert max(b2["isometry"]) <= 2e-5
+  assert max(b2["isometry_key"]) <= 2e-5
+  assert min(a2["isometry"]) > 1e-2
+  assert a2["isometry"][-1] > a2["isometry"][0] + 1e-2  # A2's frames drift further
+
+
+def test_report_prints_tables_and_writes_pngs(tiny_runs, tmp_path, capsys):
+  plots = tmp_path / "plots"
+  assert cli.main(["report", str(tiny_runs), "--plots", str(plots)]) == 0
+  text = capsys.readouterr().out
+  assert "Grokking, c = (a + b) mod 23" in text
+  lines = {}
+  for ln in text.splitlines():
+    if ln.split():
+      lines.setdefault(ln.split()[0], ln)  # the first table's rows
+  assert lines["A2"].split()[1:3] == ["1", "1/1"]  # n, memorized k/n
+  assert lines["B2"].split()[1:3] == ["1", "1/1"]
+  assert "needs >= 2 seeds shared with A2" in text
+  for name in ("grok_accuracy.png", "grok_isometry.png"):
+    data = (plots / name).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_report_paired_differences_with_two_seeds(tiny_runs, tmp_path, capsys):
+  """A second seed (copied runs with shifted tails) turns on the paired table."""
+  d = tmp_path / "runs"
+  d.mkdir()
+  for arm, shift in (("A2", 0.0), ("B2", 0.1)):
+    base = _load(tiny_runs, arm)
+    for seed, extra in ((0, 0.0), (1, 0.05)):
+      r = json.loads(json.dumps(base))
+      r["seed"] = seed
+      r["metrics"]["tail_test_acc"] = 0.5 + shift + extra * (arm == "B2")
+      (d / grok.run_file_name(arm, seed, False)).write_text(json.dumps(r))
+  (d / "notes.json").write_text(json.dumps({"no": "experiment"}))  # not a run: skipped
+  assert cli.main(["report", str(d)]) == 0
+  text = capsys.readouterr().out
+  row = next(ln for ln in text.splitlines() if ln.startswith("B2 ") and "/2" in ln
+             and "[" in ln)
+  parts = row.split()
+  assert parts[1] == "2" and float(parts[2]) == pytest.approx(0.125)  # mean of .1, .15
+  assert parts[5] == "2/2"  # wins
+
+
+def test_report_dispatches_by_experiment(tmp_path, capsys):
+  d = tmp_path / "r" / "nested"
+  d.mkdir(parents=True)
+  (d / "x.json").write_text(json.dumps({"experiment": "nonexistent_thing", "arm": "A"}))
+  assert cli.main(["report", str(tmp_path / "r")]) == 0
+  assert "nonexistent_thing: 1 run(s); no report" in capsys.readouterr().out
+
+
+def _one_line_error(capsys, argv, match):
+  rc = cli.main(argv)
+  err = capsys.readouterr().err.strip()
+  assert rc == 2, err
+  assert len(err.splitlines()) == 1 and "Traceback" not in err
+  assert match in err
+  return err
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["grok", "--arms", "A2,Z9"], "unknown arm(s) Z9"),
+    (["grok", "--arms", ","], "names no arm"),
+    (["grok", "--seeds", ""], "is empty"),
+    (["grok", "--seeds", "0,x"], "comma-separated integers"),
+    (["grok", "--seeds", "-1"], "non-negative"),
+    (["grok", "--epochs", "30", "--eval-every", "20"], "not a multiple"),
+    (["grok", "--epochs", "0"], "positive integer"),
+    (["grok", "--eval-every", "0"], "positive integer"),
+])
+def test_bad_arguments_are_one_line_errors(capsys, tmp_path, argv, match):
+  _one_line_error(capsys, argv + ["--out", str(tmp_path / "o")], match)
+  assert not (tmp_path / "o").exists()  # nothing trained or written
+
+
+def test_unwritable_out_is_a_one_line_error(capsys, tmp_path, tiny_preset):
+  blocker = tmp_path / "file"
+  blocker.write_text("")
+  _one_line_error(capsys, ["grok", "--preset", tiny_preset, "--out", str(blocker / "sub")],
+                  "cannot write there")
+
+
+def test_report_errors(capsys, tmp_path):
+  _one_line_error(capsys, ["report", str(tmp_path / "missing")], "no such directory")
+  (tmp_path / "empty").mkdir()
+  _one_line_error(capsys, ["report", str(tmp_path / "empty")], "no runs found")
+
+
+# ----------------------------------------------------------------------------
+# The acceptance command on the paper's model.
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_acceptance_quick_isometry_contrast(tmp_path):
+  out = tmp_path / "grok"
+  rc = cli.main(["grok", "--epochs", "300", "--arms", "A2,B2", "--seeds", "0",
+                 "--out", str(out)])
+  assert rc == 0
+  a2, b2 = _load(out, "A2"), _load(out, "B2")
+  assert a2["config"]["n_train"] == 3764 and a2["config"]["d_model"] == 128
+  assert max(b2["history"]["isometry"]) <= 2e-5
+  assert a2["metrics"]["final_isometry"] > 1e-2
+  assert a2["metrics"]["memorized_epoch"] is not None
+  assert b2["metrics"]["memorized_epoch"] is not None
