@@ -249,6 +249,16 @@ def test_cli_isometry_contrast(tiny_runs):
   assert a2["isometry"][-1] > a2["isometry"][0] + 1e-2  # A2's frames drift further
 
 
+def test_cli_records_the_effective_learning_rate(tiny_runs):
+  a2, b2 = _load(tiny_runs, "A2")["history"], _load(tiny_runs, "B2")["history"]
+  for h in (a2, b2):
+    for group in ("frames", "matrices", "vectors"):
+      assert len(h[f"elr_{group}"]) == len(h["epoch"]) - 1  # one per chunk of updates
+  # B2's frame steps are capped at tau sqrt(r) on frames of norm sqrt(r): ELR <= tau.
+  assert 0 < max(b2["elr_frames"]) <= 0.1 * 1.01
+  assert max(a2["elr_frames"]) > 0
+
+
 def test_report_prints_tables_and_writes_pngs(tiny_runs, tmp_path, capsys):
   plots = tmp_path / "plots"
   assert cli.main(["report", str(tiny_runs), "--plots", str(plots)]) == 0
@@ -261,7 +271,7 @@ def test_report_prints_tables_and_writes_pngs(tiny_runs, tmp_path, capsys):
   assert lines["A2"].split()[1:3] == ["1", "1/1"]  # n, memorized k/n
   assert lines["B2"].split()[1:3] == ["1", "1/1"]
   assert "needs >= 2 seeds shared with A2" in text
-  for name in ("grok_accuracy.png", "grok_isometry.png"):
+  for name in ("grok_accuracy.png", "grok_isometry.png", "grok_elr.png"):
     data = (plots / name).read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
 

@@ -380,12 +380,19 @@ def _programs(config: GrokConfig, arm: Arm):
     loss_fn = lambda p: loss_and_acc(p, data["x_train"], data["y_train"])[0]
     grads = jax.grad(loss_fn)(params)
     updates, opt_state = tx.update(grads, opt_state, params)
-    return (optax.apply_updates(params, updates), opt_state, data), None
+    new_params = optax.apply_updates(params, updates)
+    # Effective learning rate per group (W_Q/W_K frames, other matrices, vectors),
+    # keeping the parameter/update inner product (stiefax.covariance).
+    summary = stiefax.covariance.update_summary(params, new_params, stiefax.flax.qk_labels)
+    elr = {f"elr_{k.split('/')[0]}": v for k, v in summary.items() if k.endswith("/elr")}
+    return (new_params, opt_state, data), elr
 
   def train_chunk(params, opt_state, data):
-    (params, opt_state, _), _ = jax.lax.scan(
+    (params, opt_state, _), elr = jax.lax.scan(
         step, (params, opt_state, data), None, length=config.eval_every)
-    return params, opt_state, evaluate(params, data)
+    ev = evaluate(params, data)
+    ev.update({k: jnp.mean(v) for k, v in elr.items()})  # mean over the chunk's steps
+    return params, opt_state, ev
 
   return (jax.jit(tx.init), jax.jit(train_chunk, donate_argnums=(0, 1)),
           jax.jit(evaluate))
@@ -410,7 +417,8 @@ def train(config: GrokConfig, arm_name: str, seed: int, *, progress: bool = True
     ev = jax.device_get(ev)
     history["epoch"].append(int(epoch))
     for k, v in ev.items():
-      history[k].append(float(v))
+      # ELR histories start at the first chunk (no update before epoch 0).
+      history.setdefault(k, []).append(float(v))
     return ev
 
   record(0, evaluate(params, data))
@@ -715,6 +723,28 @@ def _plots(runs: Sequence[dict], out_dir: pathlib.Path, suffix: str) -> list[pat
   fig.savefig(path, dpi=110)
   plt.close(fig)
   written.append(path)
+
+  # Effective learning rate (tangential part of the update, per group).
+  if any("elr_frames" in r["history"] for rs in by_arm.values() for r in rs):
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for arm in arms:
+      for i, r in enumerate(by_arm[arm]):
+        h = r["history"]
+        for key, style in (("elr_frames", "-"), ("elr_matrices", ":")):
+          if key in h:
+            epochs = h["epoch"][len(h["epoch"]) - len(h[key]):]
+            ax.semilogy(epochs, np.maximum(np.asarray(h[key], np.float64), 1e-12),
+                        style, color=colors[arm], alpha=0.8, lw=1,
+                        label=f"{arm} {key[4:]}" if i == 0 else None)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(r"effective learning rate $\|\Delta_\perp\| / \|w\|$")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out_dir / f"grok_elr{suffix}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
   return written
 
 
