@@ -34,3 +34,10 @@ def test_summarize_ddof():
   assert stats.summarize([1.0, 3.0]) == (2.0, pytest.approx(np.sqrt(2)))
   assert stats.summarize([1.0, 3.0], ddof=0) == (2.0, 1.0)
   assert stats.summarize([5.0]) == (5.0, 0.0)
+
+
+def test_paired_differences_equal_up_to_rounding_have_no_t():
+  a = np.array([0.1, 0.2, 0.3])
+  res = stats.paired(a, a + 0.07)  # 0.07 added in floating point: spread ~1e-17
+  assert np.isnan(res.t) and np.isnan(res.p)
+  assert res.mean == pytest.approx(0.07) and res.wins == 3

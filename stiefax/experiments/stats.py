@@ -58,7 +58,8 @@ def paired(a: Sequence[float], b: Sequence[float], *, resamples: int = 20_000) -
   d = b - a
   n = int(d.size)
   std = float(np.std(d, ddof=1)) if n > 1 else float("nan")
-  if n > 1 and std > 0:
+  # Differences equal up to rounding have no spread: no t statistic, not t ~ 1e15.
+  if n > 1 and std > 1e-12 * max(1.0, float(np.max(np.abs(d)))):
     res = sps.ttest_rel(b, a)
     t, p = float(res.statistic), float(res.pvalue)
   else:
