@@ -54,11 +54,12 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--reps", type=int, default=20)
   parser.add_argument("--methods", default=",".join(METHODS))
-  parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated keys of SHAPES")
+  parser.add_argument("--shapes", default=";".join(SHAPES),
+                      help="semicolon-separated keys of SHAPES, e.g. '(8,128,16);(4,128,32)'")
   parser.add_argument("--quick", action="store_true", help="small shapes only")
   args = parser.parse_args()
   methods = [m for m in args.methods.split(",") if m]
-  names = ["(8,128,16)", "(4,128,32)"] if args.quick else args.shapes.split(",")
+  names = ["(8,128,16)", "(4,128,32)"] if args.quick else args.shapes.split(";")
   print(f"jax {jax.__version__} on {jax.devices()[0].platform}; (H, d, r) per kernel, "
         "two kernels (query, key); median ms of the jitted update")
   print(f"{'shape':<16} {'optimizer':<20} {'ms':>9} {'x adamw':>8} {'state B/frame':>14}")

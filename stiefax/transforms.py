@@ -12,7 +12,8 @@ All transforms except :func:`step_norm_cap` read the current point ``W`` and so 
 ``params`` in ``update``. Every transform works leaf-wise, so apply them to the frame
 parameters only (``optax.partition``; see :func:`stiefax.stiefel_adamw`).
 
-Non-finite input: a frame whose incoming update holds a NaN or an Inf is skipped by the
+Non-finite input: a frame whose incoming update holds a NaN or an Inf (or whose squared
+Frobenius norm overflows the dtype) is skipped by the
 moment transforms (its moments are kept, its step is zero) and by
 :func:`polar_retract` (its point is kept), and the skipped frame-steps are counted in
 their state's ``skipped`` field (one int32 per leaf); read them anywhere in an
@@ -92,11 +93,6 @@ def _per_leaf(fn: Callable[..., Any], n_out: int, tree: Any, *rest: Any):
   outs = jax.tree_util.tree_map_with_path(fn, tree, *rest)
   flat = treedef.flatten_up_to(outs)
   return tuple(treedef.unflatten([o[i] for o in flat]) for i in range(n_out))
-
-
-def _finite_frames(x: jax.Array) -> jax.Array:
-  """``True`` for each frame of ``x`` (``(..., d, r)``) whose entries are all finite."""
-  return jnp.all(jnp.isfinite(x), axis=(-2, -1))
 
 
 def _expand(mask: jax.Array) -> jax.Array:
@@ -272,14 +268,16 @@ def _moment(
       xi = spec.to_frames(u).astype(cd)
       m_prev = spec.to_frames(mu).astype(cd)
       v_prev = (spec.to_frames(nu) if elementwise else nu).astype(cd)
-      finite = _finite_frames(xi)
+      # One reduction serves both the finiteness test and the scalar moment.
+      sq_norm = geometry.frame_sq_norm(xi)
+      finite = jnp.isfinite(sq_norm)
       xi = jnp.where(_expand(finite), xi, 0)
       # Moment transport: the previous m is re-projected at the current W.
       m = tangent(wf, b1 * m_prev + (1 - b1) * xi)
       if elementwise:
         v = b2 * v_prev + (1 - b2) * jnp.square(xi)
       else:
-        v = b2 * v_prev + (1 - b2) * geometry.frame_sq_norm(xi)
+        v = b2 * v_prev + (1 - b2) * jnp.where(finite, sq_norm, 0)
       t = count.astype(cd)
       m_hat = m / (1 - jnp.asarray(b1, cd) ** t)
       v_hat = v / (1 - jnp.asarray(b2, cd) ** t)
@@ -553,8 +551,9 @@ def polar_retract(
       cd = geometry.compute_dtype(w.dtype)
       wf = spec.to_frames(w).astype(cd)
       eta = spec.to_frames(u).astype(cd)
-      finite = _finite_frames(eta)
-      moved = finite & jnp.any(eta != 0, axis=(-2, -1))
+      sq_norm = geometry.frame_sq_norm(eta)
+      finite = jnp.isfinite(sq_norm)
+      moved = finite & (sq_norm > 0)
       eta = jnp.where(_expand(finite), eta, 0)
       delta = geometry.polar(wf + eta, method, step_bound=step_bound) - wf
       delta = jnp.where(_expand(moved), delta, 0)
