@@ -28,38 +28,38 @@ default moment on a growing sequence.
 Residuals measured by ``run_all(seed=0)`` (x86-64 CPU, jax 0.10.2; the last digit
 varies across platforms; ``stiefax certify`` prints the current table):
 
-========================================  ==========  =========  =========  ========
-check                                     prop.       residual   tolerance  control
-========================================  ==========  =========  =========  ========
-joint_action_invariance                   1             1.3e-15      1e-10   1.7e+00
-joint_gauge_gradient                      1             5.3e-17      1e-10   2.4e-01
-gauge_orbit_derivative                    1             1.4e-18      1e-10   2.7e-03
-tangent_projection                        2             1.1e-16      1e-10   1.9e-01
-riemannian_gradient                       2             2.4e-17      1e-10   6.5e-03
-steepest_descent                          2             3.1e-16      1e-10   1.5e-01
-grassmann_split                           2 (eq. 12)    1.8e-16      1e-10   1.7e-01
-sgd_degree_one                            3(i)          7.2e-14      1e-10   9.0e+00
-sgd_step_norm                             3(i)          5.0e-16      1e-10   2.4e-01
-adam_degree_zero                          3(ii)         2.2e-16      1e-10   1.0e-01
-adam_degree_zero_uncapped                 3(ii)         2.8e-16      1e-10   5.7e-01
-adam_first_step                           3(ii)         5.6e-16      1e-10   4.4e+07
-jensen_equal_betas                        3 (Jensen)    2.2e-16      1e-10   7.2e-01
-jensen_nonincreasing                      3 (Jensen)    0.0e+00      1e-10   7.2e-01
-sigma_min_tangent                         6(i)          5.6e-16      1e-10   5.0e-01
-gram_identity                             6(i)          5.9e-16      1e-10   1.7e-01
-angle_bound                               6(ii)         0.0e+00      1e-10   5.5e-01
-angle_tangents                            6(ii)         3.9e-16      1e-10   3.6e-01
-retraction_isometry                       6(i)          1.3e-15      1e-10   2.4e+01
-scalar_moment_equivariance                7             1.3e-15      1e-10   4.1e-01
-per_column_equivariance                   7             1.1e-15      1e-10   1.7e-01
-sgd_equivariance                          7             6.7e-16      1e-10   3.4e-01
-equivariance_ingredients                  7             2.2e-15      1e-10   2.6e+00
-decay_is_normal                           8             1.4e-16      1e-10   2.5e-01
-adam_ignores_decay                        8             2.8e-16      1e-10   2.0e-01
-stiefel_adamw_exempts_frames              10            0.0e+00      1e-10   6.1e-02
-decay_absorbed                            10            4.4e-16      1e-10   7.9e-03
-polar_retract_absorbs_decay               10            3.9e-16      1e-10   8.8e-03
-========================================  ==========  =========  =========  ========
+    ========================================  ==========  =========  =========  ========
+    check                                     prop.       residual   tolerance  control
+    ========================================  ==========  =========  =========  ========
+    joint_action_invariance                   1             1.3e-15      1e-10   1.7e+00
+    joint_gauge_gradient                      1             5.3e-17      1e-10   2.4e-01
+    gauge_orbit_derivative                    1             1.4e-18      1e-10   2.7e-03
+    tangent_projection                        2             1.1e-16      1e-10   1.9e-01
+    riemannian_gradient                       2             2.4e-17      1e-10   6.5e-03
+    steepest_descent                          2             3.1e-16      1e-10   1.5e-01
+    grassmann_split                           2 (eq. 12)    1.8e-16      1e-10   1.7e-01
+    sgd_degree_one                            3(i)          7.2e-14      1e-10   9.0e+00
+    sgd_step_norm                             3(i)          5.0e-16      1e-10   2.4e-01
+    adam_degree_zero                          3(ii)         2.2e-16      1e-10   1.0e-01
+    adam_degree_zero_uncapped                 3(ii)         2.8e-16      1e-10   5.7e-01
+    adam_first_step                           3(ii)         5.6e-16      1e-10   4.4e+07
+    jensen_equal_betas                        3 (Jensen)    2.2e-16      1e-10   7.2e-01
+    jensen_nonincreasing                      3 (Jensen)    0.0e+00      1e-10   7.2e-01
+    sigma_min_tangent                         6(i)          5.6e-16      1e-10   5.0e-01
+    gram_identity                             6(i)          5.9e-16      1e-10   1.7e-01
+    angle_bound                               6(ii)         0.0e+00      1e-10   5.5e-01
+    angle_tangents                            6(ii)         3.9e-16      1e-10   3.6e-01
+    retraction_isometry                       6(i)          1.3e-15      1e-10   2.4e+01
+    scalar_moment_equivariance                7             1.3e-15      1e-10   4.1e-01
+    per_column_equivariance                   7             1.1e-15      1e-10   1.7e-01
+    sgd_equivariance                          7             6.7e-16      1e-10   3.4e-01
+    equivariance_ingredients                  7             2.2e-15      1e-10   2.6e+00
+    decay_is_normal                           8             1.4e-16      1e-10   2.5e-01
+    adam_ignores_decay                        8             2.8e-16      1e-10   2.0e-01
+    stiefel_adamw_exempts_frames              10            0.0e+00      1e-10   6.1e-02
+    decay_absorbed                            10            4.4e-16      1e-10   7.9e-03
+    polar_retract_absorbs_decay               10            3.9e-16      1e-10   8.8e-03
+    ========================================  ==========  =========  =========  ========
 
 Example:
   >>> from stiefax import certificates
@@ -137,7 +137,17 @@ TOKENS = 8
 
 
 class Certificate(NamedTuple):
-  """One numerical certificate: the residual of a claim and of its control."""
+  """One numerical certificate: the residual of a claim and of its control.
+
+  Attributes:
+    name: the check, e.g. ``"joint_gauge_gradient"``.
+    proposition: the paper's proposition, e.g. ``"1"`` or ``"6(ii)"``.
+    residual: the claim's residual (0 is exact); must be <= ``tolerance``.
+    tolerance: the largest residual accepted.
+    control: the same statistic where the claim must fail; must be at least
+      ``CONTROL_MARGIN * tolerance``.
+    passed: ``residual <= tolerance`` and ``control >= CONTROL_MARGIN * tolerance``.
+  """
 
   name: str  # the check, e.g. "joint_gauge_gradient".
   proposition: str  # the paper's proposition, e.g. "1" or "6(ii)".
@@ -459,6 +469,12 @@ def joint_action_invariance(seed: int = 0, *, vacuous: bool = False) -> Certific
   the joint ``O(r)`` is the gauge of attention). Control: the per-frame action
   ``(W_Q R, W_K)``, which is not a symmetry.
 
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.joint_action_invariance()
+    >>> c.proposition, c.passed
+    ('1', True)
+
   Args:
     seed: the random draw.
     vacuous: apply the per-frame action in the check.
@@ -486,6 +502,12 @@ def joint_gauge_gradient(
   Residual: the largest ``joint`` fraction of :func:`stiefax.diagnostics.gauge_content`
   over heads, for ``jax.grad`` of a multi-head attention loss of ``(W_Q, W_K)``.
   Control: a random Gaussian tensor pair in place of the gradient.
+
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.joint_gauge_gradient()
+    >>> c.proposition, c.passed
+    ('1', True)
 
   Args:
     seed: the random draw.
@@ -517,6 +539,12 @@ def gauge_orbit_derivative(seed: int = 0, *, vacuous: bool = False) -> Certifica
   derivative along ``(W_Q Omega, W_K Omega)`` (``Omega`` skew, one per head), relative
   to ``||grad L|| ||(W_Q Omega, W_K Omega)||``. Control: the per-frame direction
   ``(W_Q Omega, 0)``.
+
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.gauge_orbit_derivative()
+    >>> c.proposition, c.passed
+    ('1', True)
 
   Args:
     seed: the random draw.
@@ -560,6 +588,12 @@ def tangent_projection(seed: int = 0, *, vacuous: bool = False) -> Certificate:
   embedded-metric Riemannian gradient (Proposition 2). Control: the canonical gradient
   ``g - W g^T W`` in place of ``Pi_W``: tangent, but not the orthogonal projection.
 
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.tangent_projection()
+    >>> c.proposition, c.passed
+    ('2', True)
+
   Args:
     seed: the random draw.
     vacuous: certify the canonical gradient instead.
@@ -591,6 +625,12 @@ def riemannian_gradient(seed: int = 0, *, vacuous: bool = False) -> Certificate:
   inner product with ``Pi_W g`` (Proposition 2); residual relative to
   ``||Pi_W g|| ||xi||``. Control: the canonical gradient in place of ``Pi_W g``.
 
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.riemannian_gradient()
+    >>> c.proposition, c.passed
+    ('2', True)
+
   Args:
     seed: the random draw.
     vacuous: use the canonical gradient in the check.
@@ -621,6 +661,12 @@ def steepest_descent(seed: int = 0, *, vacuous: bool = False) -> Certificate:
   ``xi*``) beats ``xi*``. Control: the Grassmann direction ``Pi^h_W g / ||Pi^h_W g||``
   (PA16), whose decrease falls short by ``1 - sqrt(1 - rho^2)`` (eq. 12; about 3% at
   the paper's ``rho = 0.24``).
+
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.steepest_descent()
+    >>> c.proposition, c.passed
+    ('2', True)
 
   Args:
     seed: the random draw.
@@ -660,6 +706,12 @@ def grassmann_split(seed: int = 0, *, vacuous: bool = False) -> Certificate:
   Control: the whole vertical block ``W W^T g`` (normal part included) in place of
   ``Pi_{G_W} g``.
 
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.grassmann_split()
+    >>> c.proposition, c.passed
+    ('2 (eq. 12)', True)
+
   Args:
     seed: the random draw.
     vacuous: use the whole vertical block in the check.
@@ -696,6 +748,12 @@ def sgd_degree_one(seed: int = 0, *, vacuous: bool = False) -> Certificate:
   ``max_c ||xi(c g) - c xi(g)|| / ||c xi(g)||`` for ``c`` in ``{0.1, 10}``. Control: the
   scalar-moment Riemannian Adam (``eps = 0``, uncapped), which is degree zero.
 
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.sgd_degree_one()
+    >>> c.proposition, c.passed
+    ('3(i)', True)
+
   Args:
     seed: the random draw.
     vacuous: certify the Riemannian Adam step instead.
@@ -722,6 +780,12 @@ def sgd_step_norm(seed: int = 0, *, vacuous: bool = False) -> Certificate:
 
   The lifted tangent step of ``stiefax.riemannian_sgd(0.02)`` (Grassmann projector);
   residual relative. Control: ``eta ||g||_F``, the ambient gradient norm.
+
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.sgd_step_norm()
+    >>> c.proposition, c.passed
+    ('3(i)', True)
 
   Args:
     seed: the random draw.
@@ -759,6 +823,12 @@ def adam_degree_zero(seed: int = 0, *, vacuous: bool = False) -> Certificate:
   residual ``max|W_T(c) - W_T(1)|`` (Proposition 3(ii)). Control: ``eps = 1e-2``,
   above the tangent-gradient scale at ``c = 1e-3`` (Remark 5).
 
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.adam_degree_zero()
+    >>> c.proposition, c.passed
+    ('3(ii)', True)
+
   Args:
     seed: the random draw.
     vacuous: certify the ``eps = 1e-2`` update instead.
@@ -778,6 +848,12 @@ def adam_degree_zero_uncapped(seed: int = 0, *, vacuous: bool = False) -> Certif
 
   As :func:`adam_degree_zero` with the step cap removed (Proposition 3(ii) does not
   need it). Control: ``stiefax.riemannian_sgd(0.05)``, which is degree one.
+
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.adam_degree_zero_uncapped()
+    >>> c.proposition, c.passed
+    ('3(ii)', True)
 
   Args:
     seed: the random draw.
@@ -802,6 +878,12 @@ def adam_first_step(seed: int = 0, *, vacuous: bool = False) -> Certificate:
   ``sqrt(v_hat_1) = ||xi_1||``, so the displacement is independent of ``||g||``
   (Proposition 3(ii) and the remark after it). Residual relative, on the lifted
   tangent step. Control: ``stiefax.riemannian_sgd(eta)``, whose length follows ``||g||``.
+
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.adam_first_step()
+    >>> c.proposition, c.passed
+    ('3(ii)', True)
 
   Args:
     seed: the random draw.
@@ -864,6 +946,12 @@ def jensen_equal_betas(seed: int = 0, *, vacuous: bool = False) -> Certificate:
   of ``||m_hat_t|| / sqrt(v_hat_t)`` over 1. Control: the default ``b2 = 0.999`` on the
   same sequence, where the bound stated after Proposition 3 fails.
 
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.jensen_equal_betas()
+    >>> c.proposition, c.passed
+    ('3 (Jensen)', True)
+
   Args:
     seed: the random draw.
     vacuous: certify the default betas instead.
@@ -885,6 +973,12 @@ def jensen_nonincreasing(seed: int = 0, *, vacuous: bool = False) -> Certificate
   (``0.97**t`` times sorted jitter): for ``b1 <= b2`` the first-moment weights favour
   recent (smaller) gradients, so ``sum_s w_s a_s <= sum_s u_s a_s <= sqrt(sum_s u_s
   a_s^2)`` (Chebyshev, then Jensen). Control: a growing sequence (``1.1**t``).
+
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.jensen_nonincreasing()
+    >>> c.proposition, c.passed
+    ('3 (Jensen)', True)
 
   Args:
     seed: the random draw.
@@ -928,6 +1022,12 @@ def sigma_min_tangent(seed: int = 0, *, vacuous: bool = False) -> Certificate:
   the normal part ``-s W sym(W^T g)`` of the same gradient (what the projection
   removes), scaled to halve the largest singular direction.
 
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.sigma_min_tangent()
+    >>> c.proposition, c.passed
+    ('6(i)', True)
+
   Args:
     seed: the random draw.
     vacuous: use the normal step in the check.
@@ -956,6 +1056,12 @@ def gram_identity(seed: int = 0, *, vacuous: bool = False) -> Certificate:
 
   Residual ``max|(W + eta)^T (W + eta) - I - eta^T eta| / (1 + ||eta||^2)`` over the
   steps of :func:`sigma_min_tangent`. Control: the un-projected gradient step.
+
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.gram_identity()
+    >>> c.proposition, c.passed
+    ('6(i)', True)
 
   Args:
     seed: the random draw.
@@ -989,6 +1095,12 @@ def angle_bound(
   between ``col(W)`` and ``col(W_new)``; residual ``max(0, angle - arctan(tau
   sqrt(r)))`` in radians (Proposition 6(ii)). Control: the uncapped step of the same
   gradients (``max_norm=None``), which rotates by up to 45 degrees at ``eta = 1``.
+
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.angle_bound()
+    >>> c.proposition, c.passed
+    ('6(ii)', True)
 
   Args:
     seed: the random draw.
@@ -1025,6 +1137,12 @@ def angle_tangents(seed: int = 0, *, vacuous: bool = False) -> Certificate:
   singular values of ``K (I + Omega)^{-1}``; residual relative to the largest.
   Control: ``sigma_i(K)``, dropping ``(I + Omega)^{-1}``.
 
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.angle_tangents()
+    >>> c.proposition, c.passed
+    ('6(ii)', True)
+
   Args:
     seed: the random draw.
     vacuous: compare with ``sigma_i(K)`` in the check.
@@ -1056,6 +1174,12 @@ def retraction_isometry(seed: int = 0, *, vacuous: bool = False) -> Certificate:
   so the shipped matrix-product retraction (``method="auto"``) is exact to float64
   rounding for steps of norm ``1e-3 ... 1e3``; residual ``max|W_new^T W_new - I|``.
   Control: ``W + eta`` without the retraction.
+
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.retraction_isometry()
+    >>> c.proposition, c.passed
+    ('6(i)', True)
 
   Args:
     seed: the random draw.
@@ -1096,6 +1220,12 @@ def scalar_moment_equivariance(
   (``d=24, r=6``, three heads, 15 steps, worst of 5 rotations). Control: the
   elementwise ("naive") Riemannian Adam, ``riemannian_adam(0.03, moment="elementwise")``.
 
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.scalar_moment_equivariance()
+    >>> c.proposition, c.passed
+    ('7', True)
+
   Args:
     seed: the random draw.
     tx: the transform to certify instead (e.g. the elementwise moment, which fails).
@@ -1120,6 +1250,12 @@ def per_column_equivariance(seed: int = 0, *, vacuous: bool = False) -> Certific
   the columns; ``xi -> xi D``). Control: one ``v`` per *row* (varying down the
   columns), which is not: the converse of Proposition 7.
 
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.per_column_equivariance()
+    >>> c.proposition, c.passed
+    ('7', True)
+
   Args:
     seed: the random draw.
     vacuous: certify the per-row moment.
@@ -1139,6 +1275,12 @@ def sgd_equivariance(seed: int = 0, *, vacuous: bool = False) -> Certificate:
 
   Control: Adam with zero decay (the "AdamW" row of Table 9), ``optax.adamw(1e-2,
   weight_decay=0)``, whose violation is of the order of ``W``.
+
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.sgd_equivariance()
+    >>> c.proposition, c.passed
+    ('7', True)
 
   Args:
     seed: the random draw.
@@ -1162,6 +1304,12 @@ def equivariance_ingredients(seed: int = 0, *, vacuous: bool = False) -> Certifi
   ``polar(Q^T A) = Q^T polar(A)`` (``geometry.polar``) and a per-column scaling
   ``(Q^T xi) D = Q^T (xi D)``; residual: the largest. Control: an entrywise scaling
   ``xi / sqrt(V)`` with ``V`` varying down the columns (the elementwise moment's form).
+
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.equivariance_ingredients()
+    >>> c.proposition, c.passed
+    ('7', True)
 
   Args:
     seed: the random draw.
@@ -1207,6 +1355,12 @@ def decay_is_normal(seed: int = 0, *, vacuous: bool = False) -> Certificate:
   ``max|Pi_W(lambda W)| / lambda`` through the shipped ``stiefel_project``. Control: a
   point off the manifold (``W + 0.05 N``), where ``W^T W != I``.
 
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.decay_is_normal()
+    >>> c.proposition, c.passed
+    ('8', True)
+
   Args:
     seed: the random draw.
     vacuous: certify the off-manifold point.
@@ -1234,6 +1388,12 @@ def adam_ignores_decay(seed: int = 0, *, vacuous: bool = False) -> Certificate:
   ``max|W_T(lambda) - W_T(0)|`` (Proposition 8). Control: Euclidean Adam
   (``optax.adamw(1e-2, weight_decay=0)``), which the term moves.
 
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.adam_ignores_decay()
+    >>> c.proposition, c.passed
+    ('8', True)
+
   Args:
     seed: the random draw.
     vacuous: certify Euclidean Adam.
@@ -1258,6 +1418,12 @@ def stiefel_adamw_exempts_frames(seed: int = 0, *, vacuous: bool = False) -> Cer
   Two updates of a query/key/value model with ``weight_decay=1.0`` and with 0: the
   query/key frames must agree exactly (the decay term is not formed for them; residual
   ``max|delta W_Q|, |delta W_K|``). Control: the value kernel, which AdamW decays.
+
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.stiefel_adamw_exempts_frames()
+    >>> c.proposition, c.passed
+    ('10', True)
 
   Args:
     seed: the random draw.
@@ -1311,6 +1477,12 @@ def decay_absorbed(seed: int = 0, *, vacuous: bool = False) -> Certificate:
   through the shipped ``geometry.polar`` (``"auto"``); residual max-abs. Control:
   ``polar(W + eta_t)`` (forgetting the rescale).
 
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.decay_absorbed()
+    >>> c.proposition, c.passed
+    ('10', True)
+
   Args:
     seed: the random draw.
     vacuous: drop the rescale in the check.
@@ -1333,6 +1505,12 @@ def polar_retract_absorbs_decay(seed: int = 0, *, vacuous: bool = False) -> Cert
   ``eta_t / (1 - eta lambda)`` (Proposition 10, through the shipped transform).
 
   Control: the update ``eta_t`` (no rescale).
+
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.polar_retract_absorbs_decay()
+    >>> c.proposition, c.passed
+    ('10', True)
 
   Args:
     seed: the random draw.

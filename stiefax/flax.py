@@ -48,6 +48,13 @@ def path_names(path: Sequence[Any]) -> tuple[str, ...]:
     >>> path = jax.tree_util.tree_flatten_with_path({"query": {"kernel": 0}})[0][0][0]
     >>> path_names(path)
     ('query', 'kernel')
+
+  Args:
+    path: a key path, as given by ``jax.tree_util.tree_map_with_path``.
+
+  Returns:
+    A tuple of strings: dict keys, sequence indices and attribute names in order,
+    trailing ``value`` / ``raw_value`` attribute keys dropped.
   """
   names = []
   for k in path:

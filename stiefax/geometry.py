@@ -37,12 +37,42 @@ DECOMPOSITION_METHODS = ("eigh", "svd", "qdwh")
 
 
 def mT(x: jax.Array) -> jax.Array:
-  """Transpose of the last two axes."""
+  """Transpose of the last two axes: ``mT(X)[..., i, j] = X[..., j, i]``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from stiefax import geometry
+    >>> geometry.mT(jnp.zeros((5, 4, 3))).shape
+    (5, 3, 4)
+
+  Args:
+    x: an array of rank >= 2 (a batch of matrices).
+
+  Returns:
+    ``x`` with its last two axes swapped.
+  """
   return jnp.swapaxes(x, -1, -2)
 
 
 def sym(a: jax.Array) -> jax.Array:
-  """Symmetric part ``sym(A) = (A + A^T) / 2`` of a batch of square matrices."""
+  """Symmetric part ``sym(A) = (A + A^T) / 2`` of a batch of square matrices.
+
+  The normal space of ``St(d, r)`` at ``W`` is ``{W sym(A)}``; eq. (3) removes
+  ``W sym(W^T G)`` from ``G``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from stiefax import geometry
+    >>> geometry.sym(jnp.array([[0.0, 2.0], [0.0, 1.0]]))
+    Array([[0., 1.],
+           [1., 1.]], dtype=float32)
+
+  Args:
+    a: square matrices ``(..., r, r)``.
+
+  Returns:
+    ``(a + a^T) / 2``, same shape.
+  """
   return 0.5 * (a + mT(a))
 
 
@@ -54,6 +84,16 @@ def stiefel_project(w: jax.Array, g: jax.Array) -> jax.Array:
   gradient of a loss with Euclidean gradient ``G`` (Proposition 2). Its kernel is the
   normal space ``{W S : S = S^T}``, which contains the weight-decay gradient
   ``lambda W`` (Proposition 8).
+
+  Example:
+    >>> import jax, jax.numpy as jnp, stiefax
+    >>> from stiefax import geometry
+    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 3))
+    >>> xi = geometry.stiefel_project(w, jax.random.normal(jax.random.key(1), (6, 3)))
+    >>> bool(jnp.max(jnp.abs(w.T @ xi + xi.T @ w)) < 1e-6)        # tangent
+    True
+    >>> bool(jnp.max(jnp.abs(geometry.stiefel_project(w, 0.1 * w))) < 1e-7)  # decay
+    True
 
   Args:
     w: frames ``(..., d, r)`` on the manifold.
@@ -70,6 +110,19 @@ def grassmann_project(w: jax.Array, g: jax.Array) -> jax.Array:
 
   It removes the per-frame gauge block ``W (W^T G)`` as well as the normal part, so
   ``||Pi_W G||^2 = ||Pi^h_W G||^2 + ||Pi_{G_W} G||^2`` (Proposition 2, eq. 12).
+
+  Example:
+    >>> import jax, jax.numpy as jnp, stiefax
+    >>> from stiefax import geometry
+    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 3))
+    >>> g = jax.random.normal(jax.random.key(1), (6, 3))
+    >>> h, xi = geometry.grassmann_project(w, g), geometry.stiefel_project(w, g)
+    >>> bool(jnp.max(jnp.abs(w.T @ h)) < 1e-6)   # horizontal: W^T h = 0
+    True
+    >>> skew = xi - h                            # the per-frame block W skew(W^T G)
+    >>> bool(abs(geometry.frame_sq_norm(xi) - geometry.frame_sq_norm(h)
+    ...          - geometry.frame_sq_norm(skew)) < 1e-5)   # eq. (12)
+    True
 
   Args:
     w: frames ``(..., d, r)`` on the manifold.
@@ -90,23 +143,70 @@ def canonical_gradient(w: jax.Array, g: jax.Array) -> jax.Array:
 
   Returns:
     The canonical-metric gradient (a tangent vector at ``w``; the B2m-can arm).
+
+  Example:
+    >>> import jax, jax.numpy as jnp, stiefax
+    >>> from stiefax import geometry
+    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 3))
+    >>> xi = geometry.canonical_gradient(w, jax.random.normal(jax.random.key(1), (6, 3)))
+    >>> bool(jnp.max(jnp.abs(w.T @ xi + xi.T @ w)) < 1e-6)
+    True
   """
   return g - w @ (mT(g) @ w)
 
 
 def frame_sq_norm(x: jax.Array) -> jax.Array:
-  """Squared Frobenius norm of each frame: ``||X||_F^2``, shape ``x.shape[:-2]``."""
+  """Squared Frobenius norm of each frame: ``||X||_F^2 = sum_ij X_ij^2``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from stiefax import geometry
+    >>> geometry.frame_sq_norm(jnp.ones((2, 4, 3)))
+    Array([12., 12.], dtype=float32)
+
+  Args:
+    x: frames ``(..., d, r)``.
+
+  Returns:
+    The squared norms, shape ``x.shape[:-2]``.
+  """
   return jnp.sum(jnp.square(x), axis=(-2, -1))
 
 
 def isometry_residual(w: jax.Array) -> jax.Array:
-  """Per-frame isometry error ``max_ij |(W^T W - I)_ij|``, shape ``w.shape[:-2]``."""
+  """Per-frame isometry error ``max_ij |(W^T W - I)_ij|``: zero on ``St(d, r)``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from stiefax import geometry
+    >>> geometry.isometry_residual(jnp.stack([jnp.eye(3)[:, :2], 2 * jnp.eye(3)[:, :2]]))
+    Array([0., 3.], dtype=float32)
+
+  Args:
+    w: frames ``(..., d, r)``.
+
+  Returns:
+    The residuals, shape ``w.shape[:-2]``.
+  """
   gram = mT(w) @ w
   return jnp.max(jnp.abs(gram - _eye_like(gram)), axis=(-2, -1))
 
 
 def compute_dtype(dtype) -> jnp.dtype:
-  """The dtype polar factors are computed in: float32 for 16-bit floats, else ``dtype``."""
+  """The dtype polar factors are computed in: float32 for 16-bit floats, else ``dtype``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from stiefax import geometry
+    >>> geometry.compute_dtype(jnp.bfloat16), geometry.compute_dtype(jnp.float32)
+    (dtype('float32'), dtype('float32'))
+
+  Args:
+    dtype: the parameters' dtype.
+
+  Returns:
+    A ``numpy`` dtype: ``float32`` for ``float16`` / ``bfloat16``, else ``dtype``.
+  """
   dtype = jnp.dtype(dtype)
   if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
     return jnp.dtype(jnp.float32)

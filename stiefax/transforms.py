@@ -131,7 +131,7 @@ def stiefel_project(frames: FramesLike = FrameSpec()) -> optax.GradientTransform
   (Proposition 2). Weight decay ``lambda W`` is annihilated (Proposition 8).
 
   Example:
-    >>> import jax, jax.numpy as jnp, stiefax
+    >>> import jax, jax.numpy as jnp, optax, stiefax
     >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 2, 3))
     >>> g = jax.random.normal(jax.random.key(1), w.shape)
     >>> xi, _ = stiefax.stiefel_project().update(g, optax.EmptyState(), w)

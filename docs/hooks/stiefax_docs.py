@@ -1,0 +1,136 @@
+"""Build hooks of the stiefax documentation (``hooks:`` in mkdocs.yml).
+
+* Every public symbol is documented, or the build fails: each callable in the
+  ``__all__`` of the modules in :data:`API_MODULES` needs a docstring with an example
+  (a ``>>>`` line), an ``Args:`` section (when it takes parameters) and a ``Returns:``
+  section (functions); each class needs a ``>>>`` example or an ``Attributes:``
+  section; and every symbol must be rendered by a ``::: name`` directive of an API page
+  (``::: module`` renders the whole module).
+* The notebooks live in ``notebooks/`` at the repository root (they are run and read on
+  their own too); they are added to the site as ``notebooks/*.ipynb``, where the
+  mkdocs-jupyter plugin executes them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pathlib
+import re
+from typing import Any, Iterable
+
+from mkdocs.exceptions import PluginError
+from mkdocs.plugins import event_priority
+from mkdocs.structure.files import File
+
+#: Modules whose ``__all__`` is the public API.
+API_MODULES = (
+    "stiefax",
+    "stiefax.geometry",
+    "stiefax.flax",
+    "stiefax.diagnostics",
+    "stiefax.certificates",
+    "stiefax.covariance",
+    "stiefax.sphere",
+)
+
+_ROOT = pathlib.Path(__file__).resolve().parents[2]
+_DIRECTIVE = re.compile(r"^:::\s+([\w.]+)", re.MULTILINE)
+
+
+def docstring_problems(obj: Any) -> list[str]:
+  """What the docstring of one public symbol lacks (empty when complete).
+
+  Functions need an example (``>>>``), ``Args:`` when they take parameters and
+  ``Returns:``; classes (NamedTuples and dataclasses included) need an example or an
+  ``Attributes:`` section. Modules and plain constants are not checked here.
+  """
+  if inspect.ismodule(obj) or not callable(obj):
+    return []
+  doc = inspect.getdoc(obj) or ""
+  if inspect.isclass(obj):
+    if not doc.strip():
+      return ["a docstring"]
+    if ">>>" not in doc and "Attributes:" not in doc:
+      return ["an example (>>>) or an Attributes: section"]
+    return []
+  problems = []
+  if ">>>" not in doc:
+    problems.append("an Example (>>>)")
+  try:
+    params = inspect.signature(obj).parameters
+  except (TypeError, ValueError):
+    params = {}
+  if params and "Args:" not in doc:
+    problems.append("an Args: section")
+  if "Returns:" not in doc and "Yields:" not in doc:
+    problems.append("a Returns: section")
+  return problems
+
+
+def public_symbols(modules: Iterable[str] = API_MODULES) -> list[tuple[str, str, Any]]:
+  """``(module, name, object)`` for every name in each module's ``__all__``."""
+  out = []
+  for module_name in modules:
+    module = importlib.import_module(module_name)
+    for name in getattr(module, "__all__", ()):
+      out.append((module_name, name, getattr(module, name)))
+  return out
+
+
+def undocumented(modules: Iterable[str] = API_MODULES) -> list[str]:
+  """One line per public symbol whose docstring is incomplete."""
+  return [
+      f"{m}.{n}: the docstring lacks {', '.join(p)}"
+      for m, n, obj in public_symbols(modules)
+      if (p := docstring_problems(obj))
+  ]
+
+
+def unrendered(directives: Iterable[str], modules: Iterable[str] = API_MODULES) -> list[str]:
+  """Public symbols that no ``::: name`` directive renders."""
+  shown = set(directives)
+  missing = []
+  for m, n, obj in public_symbols(modules):
+    if inspect.ismodule(obj):
+      if obj.__name__ not in shown:
+        missing.append(f"{m}.{n}: add '::: {obj.__name__}' to an API page")
+    elif f"{m}.{n}" not in shown and (m == "stiefax" or m not in shown):
+      missing.append(f"{m}.{n}: add '::: {m}.{n}' to an API page")
+  return missing
+
+
+def api_directives(docs_dir: pathlib.Path) -> list[str]:
+  """The identifiers of every ``::: identifier`` line under ``docs_dir/api``."""
+  found = []
+  for page in sorted((docs_dir / "api").glob("*.md")):
+    found += _DIRECTIVE.findall(page.read_text(encoding="utf-8"))
+  return found
+
+
+def on_config(config):
+  docs_dir = pathlib.Path(config["docs_dir"])
+  problems = undocumented() + unrendered(api_directives(docs_dir))
+  if problems:
+    raise PluginError(
+        "Undocumented public API (every symbol in the __all__ of "
+        + ", ".join(API_MODULES) + " needs an example, Args and Returns, and an API"
+        " page entry):\n  " + "\n  ".join(problems)
+    )
+  return config
+
+
+@event_priority(100)  # before mkdocs-jupyter turns .ipynb files into pages
+def on_files(files, config):
+  notebooks = _ROOT / "notebooks"
+  for path in sorted(notebooks.glob("*.ipynb")):
+    # src_dir is the repository root, so the file's source is notebooks/<name>.
+    files.append(
+        File(
+            f"notebooks/{path.name}",
+            src_dir=str(_ROOT),
+            dest_dir=config["site_dir"],
+            use_directory_urls=config["use_directory_urls"],
+        )
+    )
+  return files

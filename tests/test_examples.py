@@ -1,0 +1,75 @@
+"""The example scripts run end to end at a tiny step budget and keep their frames."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+SCRIPTS = ("quickstart.py", "linen_vit.py", "nnx_transformer.py", "custom_frames.py")
+_SCI = re.compile(r"([0-9.]+e[-+][0-9]+)")
+
+
+def isometry_errors(name, text):
+  """The isometry errors a script printed (quickstart: the last column of its table)."""
+  if name == "quickstart.py":
+    rows = [l for l in text.splitlines() if l.startswith(("A2", "B2"))]
+    return [float(l.split()[-1]) for l in rows]
+  return [
+      float(v)
+      for line in text.splitlines() if "isometry" in line
+      for v in _SCI.findall(line.split("isometry", 1)[1])
+  ]
+
+
+@pytest.fixture(scope="module")
+def runs():
+  """Every script with --steps 3, started together (they are mostly start-up time)."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+  procs = {
+      name: subprocess.Popen(
+          [sys.executable, str(EXAMPLES / name), "--steps", "3"],
+          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      for name in SCRIPTS
+  }
+  out = {}
+  for name, proc in procs.items():
+    try:
+      text, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      text, _ = proc.communicate()
+    out[name] = (proc.returncode, text)
+  return out
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_example_runs_and_keeps_frames_orthonormal(runs, name):
+  code, text = runs[name]
+  assert code == 0, f"{name} failed:\n{text}"
+  isometry = isometry_errors(name, text)
+  assert isometry, f"{name} printed no isometry error:\n{text}"
+  if name == "quickstart.py":
+    # The A2 row (AdamW on W_Q, W_K) is the control: it leaves the manifold.
+    assert min(isometry) < 1e-5 < max(isometry), text
+  else:
+    assert max(isometry) < 1e-5, text
+
+
+def test_custom_frames_block_heads_are_mutually_orthogonal(runs):
+  code, text = runs["custom_frames.py"]
+  assert code == 0, text
+  line = next(l for l in text.splitlines() if l.startswith("largest inner product"))
+  per_head, block = (float(v) for v in re.findall(r"query ([0-9.e+-]+)", line))
+  assert block < 1e-5 < 0.05 < per_head, line
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_example_has_a_steps_flag_and_a_docstring(name):
+  text = (EXAMPLES / name).read_text()
+  assert '"--steps"' in text
+  assert text.startswith('"""'), f"{name} must open with a docstring saying what it shows"
