@@ -16,7 +16,8 @@ Non-finite input: a frame whose incoming update holds a NaN or an Inf (or whose 
 Frobenius norm overflows the dtype) is skipped by the
 moment transforms (its moments are kept, its step is zero) and by
 :func:`polar_retract` (its point is kept), and the skipped frame-steps are counted in
-their state's ``skipped`` field (one int32 per leaf); read them anywhere in an
+their state's ``skipped`` field (one int32 per frame, so head-sharded states need no
+communication to keep it); read them anywhere in an
 optimizer state with ``optax.tree_utils.tree_get_all_with_path(state, "skipped")``.
 """
 
@@ -206,13 +207,13 @@ class ScalarMomentState(NamedTuple):
     count: int32 scalar, the steps taken (for the bias correction).
     mu: the first moment, a tree like the params, tangent at the current point.
     nu: the second moment, one scalar per frame: leaves of the frames' batch shape.
-    skipped: int32 per leaf, frame-steps skipped because the update was not finite.
+    skipped: int32 per frame, steps skipped because the update was not finite.
   """
 
   count: jax.Array  # int32 scalar: steps taken (for bias correction).
   mu: Any  # first moment, tree like params: tangent at the current point.
   nu: Any  # second moment, one scalar per frame: leaves of the frames' batch shape.
-  skipped: Any  # int32 per leaf: frame-steps skipped because the update was not finite.
+  skipped: Any  # int32 per frame: steps skipped because the update was not finite.
 
 
 class ElementwiseMomentState(NamedTuple):
@@ -222,13 +223,13 @@ class ElementwiseMomentState(NamedTuple):
     count: int32 scalar, the steps taken.
     mu: the first moment, a tree like the params.
     nu: the second moment, a tree like the params (one entry per parameter entry).
-    skipped: int32 per leaf, frame-steps skipped because the update was not finite.
+    skipped: int32 per frame, steps skipped because the update was not finite.
   """
 
   count: jax.Array  # int32 scalar: steps taken.
   mu: Any  # first moment, tree like params.
   nu: Any  # second moment, tree like params (one entry per parameter entry).
-  skipped: Any  # int32 per leaf: frame-steps skipped because the update was not finite.
+  skipped: Any  # int32 per frame: steps skipped because the update was not finite.
 
 
 def _moment(
@@ -252,7 +253,7 @@ def _moment(
       nu_dtype = jnp.promote_types(geometry.compute_dtype(w.dtype), jnp.float32)
       mu = jnp.zeros(w.shape, mu_dtype or w.dtype)
       nu = jnp.zeros(w.shape if elementwise else batch_shape, nu_dtype)
-      return mu, nu, jnp.zeros([], jnp.int32)
+      return mu, nu, jnp.zeros(batch_shape, jnp.int32)
 
     mu, nu, skipped = _per_leaf(leaf, 3, params)
     return state_cls(jnp.zeros([], jnp.int32), mu, nu, skipped)
@@ -296,7 +297,7 @@ def _moment(
           spec.from_frames(step, u.shape).astype(u.dtype),
           spec.from_frames(m, w.shape).astype(mu.dtype),
           new_nu.astype(nu.dtype),
-          skipped + jnp.sum(~finite, dtype=jnp.int32),
+          skipped + (~finite).astype(jnp.int32),
       )
 
     out, mu, nu, skipped = _per_leaf(
@@ -459,10 +460,10 @@ class PolarRetractState(NamedTuple):
   """State of :func:`polar_retract`.
 
   Attributes:
-    skipped: int32 per leaf, frame-steps skipped because the update was not finite.
+    skipped: int32 per frame, steps skipped because the update was not finite.
   """
 
-  skipped: Any  # int32 per leaf: frame-steps skipped because the update was not finite.
+  skipped: Any  # int32 per frame: steps skipped because the update was not finite.
 
 
 _LAPACK_WARNING = (
@@ -529,7 +530,7 @@ def polar_retract(
   def init_fn(params):
     def leaf(path, w):
       spec = resolve_frames(frames, path, w)
-      spec.frame_shape(w.shape)  # validates the axes and r <= d
+      batch_shape = spec.batch_shape(w.shape)  # also validates the axes and r <= d
       if not isinstance(w, jax.core.Tracer):
         wf = np.asarray(spec.to_frames(jnp.asarray(w)), np.float64)
         gram = np.swapaxes(wf, -1, -2) @ wf
@@ -541,7 +542,7 @@ def polar_retract(
                   shape=tuple(w.shape), err=err, tol=OFF_MANIFOLD_TOL,
               )
           )
-      return jnp.zeros([], jnp.int32)
+      return jnp.zeros(batch_shape, jnp.int32)
 
     return PolarRetractState(jax.tree_util.tree_map_with_path(leaf, params))
 
@@ -561,7 +562,7 @@ def polar_retract(
       delta = jnp.where(_expand(moved), delta, 0)
       return (
           spec.from_frames(delta, u.shape).astype(u.dtype),
-          skipped + jnp.sum(~finite, dtype=jnp.int32),
+          skipped + (~finite).astype(jnp.int32),
       )
 
     out, skipped = _per_leaf(leaf, 2, updates, params, state.skipped)
