@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import pathlib
 import sys
+import tempfile
 from typing import Sequence
 
 # name -> (module, one-line help). Order is the order of `stiefax --help`.
@@ -26,6 +28,22 @@ COMMANDS = {
 
 class CommandError(Exception):
   """A user error: printed as one line, exit status 2."""
+
+
+def writable_dir(path, what: str) -> pathlib.Path:
+  """Creates ``path`` if needed and checks that a file can be written there.
+
+  Raises:
+    CommandError: ``"<what> <path>: cannot write there (<reason>)."``
+  """
+  out = pathlib.Path(path)
+  try:
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
+      pass
+  except OSError as e:
+    raise CommandError(f"{what} {path}: cannot write there ({e.strerror or e}).") from None
+  return out
 
 
 def _available() -> dict:

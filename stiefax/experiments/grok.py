@@ -53,13 +53,12 @@ import math
 import os
 import pathlib
 import sys
-import tempfile
 import time
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from stiefax.experiments.cli import CommandError
+from stiefax.experiments.cli import CommandError, writable_dir
 
 # ----------------------------------------------------------------------------
 # Configuration.
@@ -507,17 +506,6 @@ def _parse_seeds(text: Optional[str], default: Sequence[int]) -> list[int]:
   return list(dict.fromkeys(seeds))
 
 
-def _writable_dir(path: str) -> pathlib.Path:
-  out = pathlib.Path(path)
-  try:
-    out.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
-      pass
-  except OSError as e:
-    raise CommandError(f"--out {path}: cannot write there ({e.strerror or e}).") from None
-  return out
-
-
 def resolve_config(args: argparse.Namespace) -> tuple[GrokConfig, list[str], list[int]]:
   """The configuration, arms and seeds that ``args`` ask for (``CommandError`` if bad)."""
   preset = PRESETS[args.preset]
@@ -568,7 +556,7 @@ def summary_table(records: Sequence[dict]) -> str:
 
 def run(args: argparse.Namespace) -> int:
   config, arms, seeds = resolve_config(args)
-  out = _writable_dir(args.out)
+  out = writable_dir(args.out, "--out")
   setting = (f"preset={args.preset} epochs={config.epochs} eval_every={config.eval_every}"
              f"{' stabilize' if args.stabilize else ''}")
   print(f"stiefax grok: {setting}; arms {','.join(arms)}; seeds "

@@ -60,7 +60,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from stiefax.experiments import patch_data
-from stiefax.experiments.cli import CommandError
+from stiefax.experiments.cli import CommandError, writable_dir
 
 EXPERIMENT = "patches"
 PROTOCOLS = ("run", "sweep-n", "sweep-eps")
@@ -848,7 +848,8 @@ def run(args: argparse.Namespace) -> int:
       "head_dim": args.head_dim or (4 if digits else 16),
       "ns": [125, 250, 500, 1000] if digits else [1000, 2000, 5000, 10_000, 20_000, 50_000],
   }
-  ctx = Context(args, images, pathlib.Path(args.out).expanduser(), cache, progress, defaults)
+  out = writable_dir(pathlib.Path(args.out).expanduser(), "--out")  # fail before training
+  ctx = Context(args, images, out, cache, progress, defaults)
   fn = {"run": _protocol_run, "sweep-n": _protocol_sweep_n,
         "sweep-eps": _protocol_sweep_eps}[args.protocol]
   t0 = time.perf_counter()

@@ -18,9 +18,8 @@ import importlib
 import json
 import pathlib
 import sys
-import tempfile
 
-from stiefax.experiments.cli import CommandError
+from stiefax.experiments.cli import CommandError, writable_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,12 +71,7 @@ def run(args: argparse.Namespace) -> int:
   if not groups:
     raise CommandError(
         f"{args.dir}: no runs found (no *.json file with an \"experiment\" field).")
-  try:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write-test-"):
-      pass
-  except OSError as e:
-    raise CommandError(f"cannot write plots to {out_dir} ({e.strerror or e}).") from None
+  writable_dir(out_dir, "plots:")
   sections = []
   for experiment in sorted(groups):
     runs = groups[experiment]
