@@ -3,7 +3,8 @@
 Both run on the same parameter tree (query and key kernels of one shape) in the same
 process, jitted; medians over ``--reps`` calls after warm-up. Prints a table of
 milliseconds, ratios to AdamW, and optimizer-state bytes per frame, then one summary
-line.
+line. The row ``B2 chain`` is ``riemannian_adam(fused=False)``: the literal chain of
+transforms, for the gain of the fused default.
 
     python benchmarks/update_step.py [--reps 20] [--methods auto,svd] [--quick]
 """
@@ -47,6 +48,10 @@ def bench_shape(shape, frames, methods, reps):
     state = tx.init(params)
     ms = time_fn(jax.jit(tx.update), grads, state, params, reps=reps)
     rows.append((f"B2 polar={method}", ms, ms / a_ms, tree_bytes(state) / n_frames))
+    if method == "auto":
+      chain = stiefax.riemannian_adam(frames=frames, fused=False)
+      ms = time_fn(jax.jit(chain.update), grads, state, params, reps=reps)
+      rows.append(("B2 chain", ms, ms / a_ms, tree_bytes(state) / n_frames))
   return rows
 
 

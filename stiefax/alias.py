@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Optional, Union
 
 import jax
+import jax.numpy as jnp
 import optax
 
-from stiefax import transforms
-from stiefax.frames import FrameSpec, FramesLike
+from stiefax import geometry, transforms
+from stiefax.frames import FrameSpec, FramesLike, resolve_frames
 
 __all__ = ["MOMENTS", "riemannian_adam", "riemannian_sgd", "stiefel_adamw"]
 
@@ -39,6 +41,7 @@ def riemannian_adam(
     polar: str = "auto",
     frames: FramesLike = FrameSpec(),
     mu_dtype: Any = None,
+    fused: bool = True,
 ) -> optax.GradientTransformation:
   r"""The corrected Riemannian Adam on ``St(d, r)`` (the paper's B2; section 3.2).
 
@@ -62,6 +65,17 @@ def riemannian_adam(
   * B2m: ``riemannian_adam(1e-3, moment="elementwise", max_norm=None)``; B2m-can adds
     ``projector="canonical"``.
   * frozen: ``riemannian_adam(0.0)`` (frames keep their initial point exactly).
+
+  With the scalar moment the transform is the chain
+  ``projector -> scalar_moment -> scale_by_learning_rate -> step_norm_cap ->
+  polar_retract`` of :mod:`stiefax.transforms`, with the chain's state, computed in
+  one pass per frame (``fused=True``): the projection of the gradient and the
+  transport of the first moment are linear in their argument, so both come from one
+  product ``W^T [g | m_{t-1}]`` and one ``W [N_g | N_m]``
+  (``xi = g - W N_g``, ``m_t = b1 m_{t-1} + (1 - b1) g - W N_m``; ``N_g = sym(W^T g)``
+  for eq. (3)), the cap is a per-frame scalar on ``m_t``, and no intermediate step is
+  rounded to the parameter dtype between transforms. The result equals the chain's to
+  rounding (checked in float64 to 1e-11); ``fused=False`` returns the chain itself.
 
   Example:
     >>> import jax, jax.numpy as jnp, optax, stiefax
@@ -88,6 +102,9 @@ def riemannian_adam(
     polar: the retraction's method, see :func:`stiefax.polar_retract`.
     frames: how each leaf is viewed as frames.
     mu_dtype: dtype of the first moment (default: the parameter's).
+    fused: compute the scalar-moment update in one pass per frame (default), or
+      return the literal ``optax.chain`` of the transforms (``False``; same state,
+      same result to rounding). The elementwise moment always runs as the chain.
 
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
@@ -107,7 +124,89 @@ def riemannian_adam(
   # Newton-Schulz iteration count; a traced or absent cap iterates to convergence.
   bound = float(max_norm) if isinstance(max_norm, (int, float)) else None
   parts.append(transforms.polar_retract(frames, polar, step_bound=bound))
-  return optax.chain(*parts)
+  chain = optax.chain(*parts)
+  if not fused or moment != "scalar":
+    return chain
+  return _fused_scalar_adam(
+      chain, parts[2], b1, b2, eps, max_norm, projector, polar, bound, frames
+  )
+
+
+def _fused_moment(w, g, m_prev, b1, projector):
+  """``xi = Pi(g)`` and ``m = Pi_W(b1 m_prev + (1 - b1) xi)`` from shared products.
+
+  Every projector here has the form ``Pi(x) = x - W N(W^T x)`` with ``N`` linear
+  (``sym`` for eq. (3), the identity for the horizontal projector, the transpose for
+  the canonical gradient (eq. 4), whose output is already tangent and whose moment is
+  transported with eq. (3)). So one product ``W^T [g | m_prev]`` gives both ``N``
+  arguments and one product ``W [N_g | b1 N_m + (1 - b1) N_g]`` gives ``xi`` and ``m``.
+  """
+  r = w.shape[-1]
+  mT, sym = geometry.mT, geometry.sym
+  p = mT(w) @ jnp.concatenate([g, m_prev], axis=-1)
+  a, b = p[..., :r], p[..., r:]
+  n_g = {"stiefel": sym, "grassmann": lambda x: x, "canonical": mT}[projector](a)
+  n_m = b if projector == "grassmann" else sym(b)
+  q = w @ jnp.concatenate([n_g, b1 * n_m + (1 - b1) * n_g], axis=-1)
+  return g - q[..., :r], b1 * m_prev + (1 - b1) * g - q[..., r:]
+
+
+def _fused_scalar_adam(
+    chain, lr_tx, b1, b2, eps, max_norm, projector, polar, step_bound, frames
+) -> optax.GradientTransformation:
+  """:func:`riemannian_adam` with the scalar moment, one pass per frame (same state)."""
+
+  def update_fn(updates, state, params=None):
+    transforms._require_params("riemannian_adam", params)
+    states = list(state)
+    moment_state, retract_state = states[1], states[-1]
+    count = optax.safe_increment(moment_state.count)
+    # The learning rate (or schedule) acts through its own transform and state.
+    ones = jax.tree.map(
+        lambda w: jnp.ones([], geometry.compute_dtype(w.dtype)), params
+    )
+    neg_lr, states[2] = lr_tx.update(ones, states[2])
+
+    def leaf(path, g, w, mu, nu, m_skipped, r_skipped, neg_lr):
+      spec = resolve_frames(frames, path, w)
+      cd = jnp.promote_types(geometry.compute_dtype(g.dtype), nu.dtype)
+      wf = spec.to_frames(w).astype(cd)
+      m_prev = spec.to_frames(mu).astype(cd)
+      xi, m = _fused_moment(wf, spec.to_frames(g).astype(cd), m_prev, b1, projector)
+      sq_norm = geometry.frame_sq_norm(xi)
+      finite = jnp.isfinite(sq_norm)
+      m = jnp.where(transforms._expand(finite), m, m_prev)  # a skipped frame keeps m
+      v = b2 * nu.astype(cd) + (1 - b2) * jnp.where(finite, sq_norm, 0)
+      t = count.astype(cd)
+      den = jnp.sqrt(v / (1 - jnp.asarray(b2, cd) ** t)) + eps
+      ok = finite & (den > 0)  # v_hat = 0 (and eps = 0) is a zero step, not 0/0.
+      coef = jnp.where(ok, 1 / ((1 - jnp.asarray(b1, cd) ** t) * jnp.where(ok, den, 1)), 0)
+      coef = coef * neg_lr.astype(cd)  # eta = coef * m, before the cap
+      m_sq = geometry.frame_sq_norm(m)
+      if max_norm is not None:
+        norm = jnp.abs(coef) * jnp.sqrt(m_sq)
+        limit = jnp.asarray(max_norm, cd) * math.sqrt(wf.shape[-1])
+        coef = coef * jnp.where(norm > limit, limit / jnp.where(norm > 0, norm, 1), 1)
+      delta, eta_finite = transforms._retract_frames(
+          wf, transforms._expand(coef) * m, polar, step_bound, sq_norm=coef * coef * m_sq
+      )
+      return (
+          spec.from_frames(delta, g.shape).astype(g.dtype),
+          spec.from_frames(m, w.shape).astype(mu.dtype),
+          jnp.where(finite, v, nu).astype(nu.dtype),
+          m_skipped + (~finite).astype(jnp.int32),
+          r_skipped + (~eta_finite).astype(jnp.int32),
+      )
+
+    out, mu, nu, m_skipped, r_skipped = transforms._per_leaf(
+        leaf, 5, updates, params, moment_state.mu, moment_state.nu,
+        moment_state.skipped, retract_state.skipped, neg_lr,
+    )
+    states[1] = moment_state._replace(count=count, mu=mu, nu=nu, skipped=m_skipped)
+    states[-1] = retract_state._replace(skipped=r_skipped)
+    return out, tuple(states)
+
+  return optax.GradientTransformation(chain.init, update_fn)
 
 
 def riemannian_sgd(

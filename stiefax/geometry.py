@@ -272,7 +272,9 @@ def newton_schulz_iterations(step_bound: float, r: int, dtype=jnp.float32) -> in
   return max(k, 1)
 
 
-def _polar_newton_schulz(a: jax.Array, iterations: int | None = None) -> jax.Array:
+def _polar_newton_schulz(
+    a: jax.Array, iterations: int | None = None, *, prescaled: bool = False
+) -> jax.Array:
   """Cubic Newton-Schulz for ``A (A^T A)^{-1/2}``, iterated in the ``r x r`` Gram space.
 
   The cubic Newton-Schulz map on ``X = A Z / sqrt(c)`` is
@@ -296,7 +298,10 @@ def _polar_newton_schulz(a: jax.Array, iterations: int | None = None) -> jax.Arr
 
   The scale is ``c = max(1 + tr(A^T A) - r, ||A^T A||_inf / 2.5)``: the first term
   bounds ``lambda_max`` after a tangent step (see :func:`newton_schulz_iterations`),
-  the second keeps every ``mu < 3`` for any input. With ``iterations`` given the loop
+  the second keeps every ``mu < 3`` for any input. ``prescaled=True`` says that the
+  caller has already divided ``A`` by ``sqrt(c)`` (the retraction after a capped step
+  knows ``c = 1 + ||eta||_F^2`` without reading the Gram matrix), so ``c = 1``. With
+  ``iterations`` given the loop
   has that fixed length (no data-dependent control flow and no reduction across
   frames, so sharded frames need no communication); otherwise it runs until
   ``max |Q - I|`` reaches the dtype's rounding level or stops improving.
@@ -304,11 +309,14 @@ def _polar_newton_schulz(a: jax.Array, iterations: int | None = None) -> jax.Arr
   dtype = a.dtype
   r = a.shape[-1]
   gram = mT(a) @ a
-  trace = jnp.trace(gram, axis1=-2, axis2=-1)
-  inf_norm = jnp.max(jnp.sum(jnp.abs(gram), axis=-1), axis=-1)
-  c = jnp.maximum(jnp.maximum(1 + trace - r, inf_norm / 2.5), jnp.finfo(dtype).tiny)
-  c = c[..., None, None]
-  y = gram / c
+  if prescaled:
+    y = gram
+  else:
+    trace = jnp.trace(gram, axis1=-2, axis2=-1)
+    inf_norm = jnp.max(jnp.sum(jnp.abs(gram), axis=-1), axis=-1)
+    c = jnp.maximum(jnp.maximum(1 + trace - r, inf_norm / 2.5), jnp.finfo(dtype).tiny)
+    c = c[..., None, None]
+    y = gram / c
   eye = _eye_like(y)
 
   if iterations is not None:
@@ -337,7 +345,7 @@ def _polar_newton_schulz(a: jax.Array, iterations: int | None = None) -> jax.Arr
 
     init = (eye, y, jnp.asarray(0), residual(y), jnp.asarray(jnp.inf, dtype))
     z, _, _, _, _ = jax.lax.while_loop(cond, body, init)
-  return a @ (z * jax.lax.rsqrt(c))
+  return a @ z if prescaled else a @ (z * jax.lax.rsqrt(c))
 
 
 def polar(a: jax.Array, method: str = "auto", *, step_bound: float | None = None) -> jax.Array:

@@ -476,6 +476,29 @@ _LAPACK_WARNING = (
 )
 
 
+def _retract_frames(wf, eta, method, step_bound, sq_norm=None):
+  """``(polar(W + eta) - W, finite)`` per frame; a zero or non-finite step keeps W.
+
+  ``sq_norm`` is ``||eta||_F^2`` per frame when the caller knows it. With a step bound
+  the Newton-Schulz scale is ``c = 1 + ||eta||_F^2``: ``A^T A = I + eta^T eta`` for a
+  tangent ``eta`` (Proposition 6(i)), so ``lambda_max(A^T A) <= c`` and ``A / sqrt(c)``
+  enters the iteration directly (no reductions of the Gram matrix).
+  """
+  if sq_norm is None:
+    sq_norm = geometry.frame_sq_norm(eta)
+  finite = jnp.isfinite(sq_norm)
+  moved = finite & (sq_norm > 0)
+  eta = jnp.where(_expand(finite), eta, 0)
+  if method in ("auto", "newton_schulz") and step_bound is not None:
+    c = 1 + jnp.where(finite, sq_norm, 0)
+    a = (wf + eta) * _expand(jax.lax.rsqrt(c))
+    iterations = geometry.newton_schulz_iterations(step_bound, wf.shape[-1], wf.dtype)
+    target = geometry._polar_newton_schulz(a, iterations, prescaled=True)
+  else:
+    target = geometry.polar(wf + eta, method, step_bound=step_bound)
+  return jnp.where(_expand(moved), target - wf, 0), finite
+
+
 def polar_retract(
     frames: FramesLike = FrameSpec(),
     method: str = "auto",
@@ -552,14 +575,9 @@ def polar_retract(
     def leaf(path, u, w, skipped):
       spec = resolve_frames(frames, path, w)
       cd = geometry.compute_dtype(w.dtype)
-      wf = spec.to_frames(w).astype(cd)
-      eta = spec.to_frames(u).astype(cd)
-      sq_norm = geometry.frame_sq_norm(eta)
-      finite = jnp.isfinite(sq_norm)
-      moved = finite & (sq_norm > 0)
-      eta = jnp.where(_expand(finite), eta, 0)
-      delta = geometry.polar(wf + eta, method, step_bound=step_bound) - wf
-      delta = jnp.where(_expand(moved), delta, 0)
+      delta, finite = _retract_frames(
+          spec.to_frames(w).astype(cd), spec.to_frames(u).astype(cd), method, step_bound
+      )
       return (
           spec.from_frames(delta, u.shape).astype(u.dtype),
           skipped + (~finite).astype(jnp.int32),

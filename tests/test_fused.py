@@ -1,0 +1,156 @@
+"""``riemannian_adam(fused=True)`` (the default) against the literal chain of transforms.
+
+The fused update shares the ``W^T [g | m]`` products between the projection and the
+moment transport and applies the cap as a per-frame scalar; it must give the chain's
+iterates *and* the chain's state (the same tree, the same skip counters) in float64, for
+every projector, with and without the cap, under schedules and non-finite input.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from optax import tree_utils as otu
+
+import stiefax
+from stiefax import FrameSpec
+from tests.test_alias import random_grads
+from tests.test_transforms import kernel
+
+
+def _trajectory(tx, w, grads):
+  """Iterates and final state of ``tx`` along ``grads`` (jitted update)."""
+  state = tx.init(w)
+  step = jax.jit(tx.update)
+  iterates = []
+  for g in grads:
+    u, state = step(g, state, w)
+    w = optax.apply_updates(w, u)
+    iterates.append(w)
+  return iterates, state
+
+
+def _max_diff(a, b):
+  return max(
+      float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+      for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+  )
+
+
+@pytest.mark.filterwarnings("ignore:stiefax.polar_retract")
+@pytest.mark.parametrize("projector", ["stiefel", "grassmann", "canonical"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(),
+        dict(max_norm=None, learning_rate=1e-2),
+        dict(eps=1e-3, b1=0.8, b2=0.95, max_norm=0.3),
+        dict(learning_rate=optax.cosine_decay_schedule(0.5, 10), max_norm=0.05),
+        dict(polar="svd"),
+    ],
+    ids=["default", "no-cap", "grok-eps", "schedule", "svd"],
+)
+def test_fused_equals_chain_in_float64(x64, rng, projector, kwargs):
+  w0 = kernel(rng)
+  grads = random_grads(rng, 25, w0.shape)
+  fused, f_state = _trajectory(stiefax.riemannian_adam(projector=projector, **kwargs), w0, grads)
+  chain, c_state = _trajectory(
+      stiefax.riemannian_adam(projector=projector, fused=False, **kwargs), w0, grads
+  )
+  assert jax.tree.structure(f_state) == jax.tree.structure(c_state)
+  # Rounding differs (shared products, no intermediate casts); 25 steps of it stay
+  # below 1e-11, where a wrong coefficient anywhere shows at 1e-3.
+  assert _max_diff(fused, chain) < 1e-11
+  assert _max_diff(f_state, c_state) < 1e-11
+  # Control: the frames moved, so the agreement is not the trivial one.
+  assert float(jnp.max(jnp.abs(fused[-1] - w0))) > 1e-2
+
+
+def test_fused_is_the_chain_structure_and_chain_is_literal(rng):
+  w = kernel(rng, dtype=np.float32)
+  fused = stiefax.riemannian_adam()
+  chain = stiefax.riemannian_adam(fused=False)
+  assert jax.tree.structure(fused.init(w)) == jax.tree.structure(chain.init(w))
+  # The elementwise moment always runs as the chain.
+  a = stiefax.riemannian_adam(moment="elementwise")
+  b = stiefax.riemannian_adam(moment="elementwise", fused=False)
+  g = jnp.asarray(rng.standard_normal(w.shape), jnp.float32)
+  ua, _ = a.update(g, a.init(w), w)
+  ub, _ = b.update(g, b.init(w), w)
+  np.testing.assert_array_equal(ua, ub)
+
+
+@pytest.mark.parametrize(
+    "frames, shape",
+    [
+        (FrameSpec(row_axis=1), (3, 12, 2, 4)),  # layer-stacked (L, d, H, r)
+        (FrameSpec(col_axes=(-2, -1)), (12, 2, 3)),  # block-orthogonal heads
+        (FrameSpec(row_axis=1), (2, 12, 4)),  # (H, d, r)
+    ],
+    ids=["stacked", "block", "heads-first"],
+)
+def test_fused_layouts_in_float64(x64, rng, frames, shape):
+  w0 = stiefax.flax.orthonormal_init(frames)(jax.random.key(0), shape, jnp.float64)
+  grads = random_grads(rng, 10, shape)
+  fused, _ = _trajectory(stiefax.riemannian_adam(frames=frames), w0, grads)
+  chain, _ = _trajectory(stiefax.riemannian_adam(frames=frames, fused=False), w0, grads)
+  assert _max_diff(fused, chain) < 1e-12
+  assert float(stiefax.diagnostics.isometry_error(fused[-1], frames=frames)) < 1e-12
+
+
+def _skipped(state):
+  return [np.asarray(x) for _, x in otu.tree_get_all_with_path(state, "skipped")]
+
+
+def test_fused_non_finite_gradient_matches_chain(x64, rng):
+  w = kernel(rng)
+  good = jnp.asarray(rng.standard_normal(w.shape))
+  bad = good.at[3, 1, 2].set(jnp.nan).at[0, 0, 0].set(jnp.inf)  # frames 1 and 0
+  results = []
+  for fused in (True, False):
+    tx = stiefax.riemannian_adam(fused=fused)
+    state = tx.init(w)
+    u, state = tx.update(good, state, w)
+    w1 = optax.apply_updates(w, u)
+    u, state = tx.update(bad, state, w1)
+    results.append((optax.apply_updates(w1, u), state))
+  (wf, sf), (wc, sc) = results
+  assert _max_diff(wf, wc) < 1e-12 and _max_diff(sf, sc) < 1e-12
+  moment, retract = _skipped(sf)
+  np.testing.assert_array_equal(moment, [1, 1, 0])  # heads 0 and 1 were hit
+  np.testing.assert_array_equal(retract, [0, 0, 0])  # their zero steps are not failures
+  assert bool(jnp.all(jnp.isfinite(wf)))
+
+
+def test_fused_non_finite_learning_rate_is_skipped_by_the_retraction(rng):
+  w = kernel(rng, dtype=np.float32)
+  g = jnp.asarray(rng.standard_normal(w.shape), jnp.float32)
+  for fused in (True, False):
+    tx = optax.inject_hyperparams(stiefax.riemannian_adam)(learning_rate=1.0, fused=fused)
+    state = tx.init(w)
+    state.hyperparams["learning_rate"] = jnp.asarray(jnp.nan)
+    u, state = tx.update(g, state, w)
+    np.testing.assert_array_equal(optax.apply_updates(w, u), w)
+    moment, retract = _skipped(state.inner_state)
+    np.testing.assert_array_equal(moment, [0, 0, 0])
+    np.testing.assert_array_equal(retract, [1, 1, 1])
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_fused_low_precision_close_to_chain(rng, dtype):
+  w0 = stiefax.flax.orthonormal_init()(jax.random.key(1), (32, 2, 8), dtype)
+  grads = [g.astype(dtype) for g in random_grads(rng, 20, w0.shape, decades=1)]
+  def final(tx):  # init under jit: a bf16 frame is orthonormal to bf16 rounding only
+    state, w = jax.jit(tx.init)(w0), w0
+    for g in grads:
+      u, state = jax.jit(tx.update)(g, state, w)
+      w = optax.apply_updates(w, u)
+    return w
+
+  fused = final(stiefax.riemannian_adam())
+  chain = final(stiefax.riemannian_adam(fused=False))
+  assert fused.dtype == dtype
+  tol = 2e-2 if dtype == jnp.bfloat16 else 2e-5
+  assert _max_diff(fused, chain) < tol
+  assert float(stiefax.diagnostics.isometry_error(fused)) < tol
