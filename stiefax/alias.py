@@ -132,23 +132,34 @@ def riemannian_adam(
   )
 
 
-def _fused_moment(w, g, m_prev, b1, projector):
+def _fused_moment(w, g, m_prev, b1, projector, concat):
   """``xi = Pi(g)`` and ``m = Pi_W(b1 m_prev + (1 - b1) xi)`` from shared products.
 
   Every projector here has the form ``Pi(x) = x - W N(W^T x)`` with ``N`` linear
   (``sym`` for eq. (3), the identity for the horizontal projector, the transpose for
   the canonical gradient (eq. 4), whose output is already tangent and whose moment is
-  transported with eq. (3)). So one product ``W^T [g | m_prev]`` gives both ``N``
-  arguments and one product ``W [N_g | b1 N_m + (1 - b1) N_g]`` gives ``xi`` and ``m``.
+  transported with eq. (3)). So the products ``W^T [g | m_prev]`` give both ``N``
+  arguments and ``W [N_g | b1 N_m + (1 - b1) N_g]`` gives ``xi`` and ``m``. With
+  ``concat`` each pair is one matrix product; without, two (for frames viewed through a
+  transpose, where XLA folds the transpose into separate products but must copy it
+  into a concatenation).
   """
   r = w.shape[-1]
   mT, sym = geometry.mT, geometry.sym
-  p = mT(w) @ jnp.concatenate([g, m_prev], axis=-1)
-  a, b = p[..., :r], p[..., r:]
+  if concat:
+    p = mT(w) @ jnp.concatenate([g, m_prev], axis=-1)
+    a, b = p[..., :r], p[..., r:]
+  else:
+    a, b = mT(w) @ g, mT(w) @ m_prev
   n_g = {"stiefel": sym, "grassmann": lambda x: x, "canonical": mT}[projector](a)
   n_m = b if projector == "grassmann" else sym(b)
-  q = w @ jnp.concatenate([n_g, b1 * n_m + (1 - b1) * n_g], axis=-1)
-  return g - q[..., :r], b1 * m_prev + (1 - b1) * g - q[..., r:]
+  n_mix = b1 * n_m + (1 - b1) * n_g
+  if concat:
+    q = w @ jnp.concatenate([n_g, n_mix], axis=-1)
+    wn_g, wn_mix = q[..., :r], q[..., r:]
+  else:
+    wn_g, wn_mix = w @ n_g, w @ n_mix
+  return g - wn_g, b1 * m_prev + (1 - b1) * g - wn_mix
 
 
 def _fused_scalar_adam(
@@ -172,7 +183,10 @@ def _fused_scalar_adam(
       cd = jnp.promote_types(geometry.compute_dtype(g.dtype), nu.dtype)
       wf = spec.to_frames(w).astype(cd)
       m_prev = spec.to_frames(mu).astype(cd)
-      xi, m = _fused_moment(wf, spec.to_frames(g).astype(cd), m_prev, b1, projector)
+      xi, m = _fused_moment(
+          wf, spec.to_frames(g).astype(cd), m_prev, b1, projector,
+          concat=spec.is_contiguous(w.ndim),
+      )
       sq_norm = geometry.frame_sq_norm(xi)
       finite = jnp.isfinite(sq_norm)
       m = jnp.where(transforms._expand(finite), m, m_prev)  # a skipped frame keeps m

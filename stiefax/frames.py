@@ -100,6 +100,14 @@ class FrameSpec:
       )
     return tuple(shape[a] for a in batch), d, r
 
+  def is_contiguous(self, ndim: int) -> bool:
+    """Whether arrays of rank ``ndim`` already hold their frames as ``(..., d, r)``.
+
+    Then :meth:`to_frames` is a reshape; otherwise it is a transpose.
+    """
+    row, cols, batch = self._axes(ndim)
+    return batch + (row,) + cols == tuple(range(ndim))
+
   def to_frames(self, x: jax.Array) -> jax.Array:
     """Views ``x`` as a batch of frames of shape ``(*batch_shape, d, r)``."""
     batch_shape, d, r = self.frame_shape(x.shape)

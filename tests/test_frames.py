@@ -48,3 +48,17 @@ def test_missing_axis_is_a_clear_error():
     FrameSpec(row_axis=0, col_axes=(0,)).frame_shape((16, 4))
   with pytest.raises(ValueError, match="at least one"):
     FrameSpec(col_axes=())
+
+
+def test_is_contiguous_says_when_to_frames_is_a_reshape():
+  for spec, shape, contiguous in [
+      (FrameSpec(), (12, 3, 4), False),  # (d, H, r): heads between rows and columns
+      (FrameSpec(row_axis=-2), (3, 12, 4), True),  # (..., d, r)
+      (FrameSpec(row_axis=1, col_axes=(-2, -1)), (2, 12, 3, 4), True),  # block frames
+      (FrameSpec(row_axis=1), (2, 12, 3, 4), False),  # (L, d, H, r) per-head frames
+  ]:
+    x = jnp.arange(float(np.prod(shape))).reshape(shape)
+    assert spec.is_contiguous(x.ndim) == contiguous
+    batch, d, r = spec.frame_shape(shape)
+    as_reshape = np.array_equal(spec.to_frames(x), x.reshape(batch + (d, r)))
+    assert as_reshape == contiguous
