@@ -1,0 +1,39 @@
+"""The benchmark scripts run end to end and print their summary line (tiny budgets)."""
+
+import importlib.util
+import re
+import sys
+
+import pytest
+
+from benchmarks import train_step, update_step, vs_geoopt
+
+
+def _main(module, argv, capsys, monkeypatch):
+  monkeypatch.setattr(sys, "argv", [module.__name__] + argv)
+  module.main()
+  return capsys.readouterr().out
+
+
+def test_update_step_table_and_summary(capsys, monkeypatch):
+  out = _main(update_step, ["--quick", "--methods", "auto", "--reps", "2"], capsys, monkeypatch)
+  rows = [line.split() for line in out.splitlines() if line.startswith("(8,128,16)")]
+  assert [r[1] for r in rows] == ["adamw", "B2", "B2"]  # adamw, polar=auto, chain
+  # State per frame: AdamW 2 d r floats; B2 d r floats + nu + two int32 skip counters.
+  assert rows[0][-1] == str(2 * 128 * 16 * 4)
+  assert rows[1][-1] == str(128 * 16 * 4 + 4 + 8)
+  assert re.search(r"^summary: .*\(8,128,16\) [0-9.]+x", out, re.M)
+
+
+def test_train_step_summary(capsys, monkeypatch):
+  out = _main(train_step, ["--batch", "8", "--reps", "2"], capsys, monkeypatch)
+  assert re.search(r"^summary: training step .* B2 [0-9.]+ ms vs A2 [0-9.]+ ms: [0-9.]+x$", out, re.M)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("geoopt") is None, reason="needs the bench extra (torch, geoopt)"
+)
+def test_vs_geoopt_summary(capsys, monkeypatch):
+  monkeypatch.setattr(vs_geoopt, "SHAPES", [(2, 16, 4)])
+  out = _main(vs_geoopt, ["--reps", "3"], capsys, monkeypatch)
+  assert re.search(r"^summary: .*\(2, 16, 4\) [0-9.]+x faster$", out, re.M)
