@@ -14,8 +14,8 @@ from tests import reference as ref
 from tests.test_transforms import D, H, R, kernel, to_ref
 
 
-def run(tx, w, grads):
-  """Applies ``tx`` along a list of gradients; returns the list of iterates."""
+def trajectory(tx, w, grads):
+  """Applies ``tx`` (jitted) along a list of gradients; returns (iterates, final state)."""
   state = tx.init(w)
   step = jax.jit(tx.update)
   out = []
@@ -23,7 +23,12 @@ def run(tx, w, grads):
     u, state = step(g, state, w)
     w = optax.apply_updates(w, u)
     out.append(w)
-  return out
+  return out, state
+
+
+def run(tx, w, grads):
+  """Applies ``tx`` along a list of gradients; returns the list of iterates."""
+  return trajectory(tx, w, grads)[0]
 
 
 def random_grads(rng, n, shape, decades=3):

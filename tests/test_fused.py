@@ -15,20 +15,8 @@ from optax import tree_utils as otu
 
 import stiefax
 from stiefax import FrameSpec
-from tests.test_alias import random_grads
+from tests.test_alias import random_grads, trajectory as _trajectory
 from tests.test_transforms import kernel
-
-
-def _trajectory(tx, w, grads):
-  """Iterates and final state of ``tx`` along ``grads`` (jitted update)."""
-  state = tx.init(w)
-  step = jax.jit(tx.update)
-  iterates = []
-  for g in grads:
-    u, state = step(g, state, w)
-    w = optax.apply_updates(w, u)
-    iterates.append(w)
-  return iterates, state
 
 
 def _max_diff(a, b):
