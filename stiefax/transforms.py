@@ -19,6 +19,11 @@ moment transforms (its moments are kept, its step is zero) and by
 their state's ``skipped`` field (one int32 per frame, so head-sharded states need no
 communication to keep it); read them anywhere in an
 optimizer state with ``optax.tree_utils.tree_get_all_with_path(state, "skipped")``.
+
+Sharding: ``init`` builds every state leaf with ``zeros_like`` of the params (per-frame
+leaves from one entry of each frame), so a state initialized outside ``jit`` from
+sharded params is sharded like them, and every update works frame by frame (see the
+how-to "Shard heads across devices").
 """
 
 from __future__ import annotations
@@ -98,6 +103,20 @@ def _per_leaf(fn: Callable[..., Any], n_out: int, tree: Any, *rest: Any):
 
 def _expand(mask: jax.Array) -> jax.Array:
   return mask[..., None, None]
+
+
+def _zeros_per_frame(spec: FrameSpec, w: Any, dtype) -> jax.Array:
+  """Zeros of the frames' batch shape (one per frame), sharded like ``w``'s frames.
+
+  Taken from entry ``(0, 0)`` of every frame, so that a state built outside ``jit``
+  from sharded params is sharded along the same batch axes (heads, layers).
+  """
+  batch_shape = spec.batch_shape(w.shape)  # also validates the axes and r <= d
+  row, cols, _ = spec._axes(w.ndim)
+  index = tuple(0 if a == row or a in cols else slice(None) for a in range(w.ndim))
+  first = jnp.asarray(w)[index]
+  assert first.shape == batch_shape, (first.shape, batch_shape)
+  return jnp.zeros_like(first, dtype=dtype)
 
 
 # ----------------------------------------------------------------------------
@@ -249,11 +268,12 @@ def _moment(
   def init_fn(params):
     def leaf(path, w):
       spec = resolve_frames(frames, path, w)
-      batch_shape = spec.batch_shape(w.shape)
       nu_dtype = jnp.promote_types(geometry.compute_dtype(w.dtype), jnp.float32)
-      mu = jnp.zeros(w.shape, mu_dtype or w.dtype)
-      nu = jnp.zeros(w.shape if elementwise else batch_shape, nu_dtype)
-      return mu, nu, jnp.zeros(batch_shape, jnp.int32)
+      # zeros_like: a state built from sharded params is sharded like them.
+      mu = jnp.zeros_like(w, dtype=mu_dtype or w.dtype)
+      skipped = _zeros_per_frame(spec, w, jnp.int32)
+      nu = jnp.zeros_like(w, dtype=nu_dtype) if elementwise else jnp.zeros_like(skipped, nu_dtype)
+      return mu, nu, skipped
 
     mu, nu, skipped = _per_leaf(leaf, 3, params)
     return state_cls(jnp.zeros([], jnp.int32), mu, nu, skipped)
@@ -553,8 +573,10 @@ def polar_retract(
   def init_fn(params):
     def leaf(path, w):
       spec = resolve_frames(frames, path, w)
-      batch_shape = spec.batch_shape(w.shape)  # also validates the axes and r <= d
-      if not isinstance(w, jax.core.Tracer):
+      skipped = _zeros_per_frame(spec, w, jnp.int32)  # also validates the axes, r <= d
+      # Concrete params that this process holds entirely are checked on the host (a
+      # global array spread over several hosts is not fetched).
+      if not isinstance(w, jax.core.Tracer) and getattr(w, "is_fully_addressable", True):
         wf = np.asarray(spec.to_frames(jnp.asarray(w)), np.float64)
         gram = np.swapaxes(wf, -1, -2) @ wf
         err = float(np.max(np.abs(gram - np.eye(gram.shape[-1])), initial=0.0))
@@ -565,7 +587,7 @@ def polar_retract(
                   shape=tuple(w.shape), err=err, tol=OFF_MANIFOLD_TOL,
               )
           )
-      return jnp.zeros(batch_shape, jnp.int32)
+      return skipped
 
     return PolarRetractState(jax.tree_util.tree_map_with_path(leaf, params))
 

@@ -31,15 +31,16 @@ def main():
   # rule, whose convergence test reduces over all frames (the control).
   tx = stiefax.riemannian_adam() if sys.argv[1] == "capped" else stiefax.riemannian_adam(max_norm=None)
 
+  state_specs = []
+
   def run(w, grads, sharded):
-    state = tx.init(w)
     update = jax.jit(tx.update)
     if sharded:
       w = jax.device_put(w, shard)
-      state = jax.tree.map(
-          lambda x: jax.device_put(x, NamedSharding(mesh, P("heads"))) if x.ndim == 1
-          else jax.device_put(x, shard) if x.ndim == 3 else x, state)
       grads = [jax.device_put(g, shard) for g in grads]
+    state = tx.init(w)  # outside jit: sharded like the params
+    if sharded:
+      state_specs.extend(str(x.sharding.spec) for x in jax.tree.leaves(state) if x.ndim)
     for g in grads:
       u, state = update(g, state, w)
       w = optax.apply_updates(w, u)
@@ -52,6 +53,7 @@ def main():
   collectives = sorted(set(re.findall(r"\b(all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter)", hlo)))
   out_sharding = str(jax.tree.leaves(sharded)[0].sharding.spec)
   print(json.dumps({"diff": diff, "collectives": collectives, "sharding": out_sharding,
+                    "state_shardings": sorted(set(state_specs)),
                     "iso": float(stiefax.diagnostics.isometry_error(sharded))}))
 
 

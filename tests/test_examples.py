@@ -10,7 +10,10 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-SCRIPTS = ("quickstart.py", "linen_vit.py", "nnx_transformer.py", "custom_frames.py")
+SCRIPTS = (
+    "quickstart.py", "linen_vit.py", "nnx_transformer.py", "custom_frames.py",
+    "sharded_heads.py",
+)
 _SCI = re.compile(r"([0-9.]+e[-+][0-9]+)")
 
 
@@ -66,6 +69,15 @@ def test_custom_frames_block_heads_are_mutually_orthogonal(runs):
   line = next(l for l in text.splitlines() if l.startswith("largest inner product"))
   per_head, block = (float(v) for v in re.findall(r"query ([0-9.e+-]+)", line))
   assert block < 1e-5 < 0.05 < per_head, line
+
+
+def test_sharded_heads_update_has_no_collectives(runs):
+  code, text = runs["sharded_heads.py"]
+  assert code == 0, text
+  assert "mesh: {'heads': 4}" in text, text  # four host devices were really used
+  assert "query kernel (32, 8, 4) sharding: P(None, 'heads', None)" in text
+  assert "sharding P('heads',)" in text  # per-frame state sharded with the heads
+  assert "collectives in the compiled optimizer update: none" in text
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

@@ -29,6 +29,9 @@ def test_head_sharded_update_equals_unsharded_without_collectives():
   assert result["collectives"] == [], result
   assert "heads" in result["sharding"], result
   assert result["iso"] <= 2e-5, result
+  # The state built from sharded params: moments like the kernels, per-frame leaves
+  # along the heads.
+  assert result["state_shardings"] == ["P('heads',)", "P(None, 'heads', None)"], result
 
 
 @pytest.mark.timeout(240)
