@@ -200,7 +200,7 @@ def _fused_scalar_adam(
       if max_norm is not None:
         norm = jnp.abs(coef) * jnp.sqrt(m_sq)
         limit = jnp.asarray(max_norm, cd) * math.sqrt(wf.shape[-1])
-        coef = coef * jnp.where(norm > limit, limit / jnp.where(norm > 0, norm, 1), 1)
+        coef = coef * transforms._cap_factor(norm, limit)
       delta, eta_finite = transforms._retract_frames(
           wf, transforms._expand(coef) * m, polar, step_bound, sq_norm=coef * coef * m_sq
       )

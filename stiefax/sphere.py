@@ -31,7 +31,7 @@ import optax
 
 from stiefax import geometry
 from stiefax.frames import FrameSpec, FramesLike, resolve_frames
-from stiefax.transforms import ScalarMomentState
+from stiefax.transforms import ScalarMomentState, _cap_factor
 
 __all__ = ["sphere_project", "sphere_retract", "sphere_moment", "hyperball_adam"]
 
@@ -368,8 +368,7 @@ def _sphere_cap(max_norm, frames: FramesLike) -> optax.GradientTransformation:
       eta = u.astype(cd)
       norm = jnp.sqrt(frame_inner(eta, eta, axes))
       limit = jnp.asarray(max_norm, cd) * math.sqrt(frame_columns(spec, u.shape))
-      scale = jnp.where(norm > limit, _safe_div(limit, norm), 1)
-      return (eta * scale).astype(u.dtype)
+      return (eta * _cap_factor(norm, limit)).astype(u.dtype)
 
     return jax.tree_util.tree_map_with_path(leaf, updates), state
 

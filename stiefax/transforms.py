@@ -105,6 +105,11 @@ def _expand(mask: jax.Array) -> jax.Array:
   return mask[..., None, None]
 
 
+def _cap_factor(norm: jax.Array, limit: jax.Array) -> jax.Array:
+  """``min(1, limit / norm)`` per frame, with 1 for a zero (or NaN) norm."""
+  return jnp.where(norm > limit, limit / jnp.where(norm > 0, norm, 1), 1)
+
+
 def _zeros_per_frame(spec: FrameSpec, w: Any, dtype) -> jax.Array:
   """Zeros of the frames' batch shape (one per frame), sharded like ``w``'s frames.
 
@@ -468,8 +473,7 @@ def step_norm_cap(max_norm=0.1, frames: FramesLike = FrameSpec()) -> optax.Gradi
       r = eta.shape[-1]
       norm = jnp.sqrt(geometry.frame_sq_norm(eta))
       limit = jnp.asarray(max_norm, cd) * math.sqrt(r)
-      scale = jnp.where(norm > limit, limit / jnp.where(norm > 0, norm, 1), 1)
-      return spec.from_frames(eta * _expand(scale), u.shape).astype(u.dtype)
+      return spec.from_frames(eta * _expand(_cap_factor(norm, limit)), u.shape).astype(u.dtype)
 
     return jax.tree_util.tree_map_with_path(leaf, updates), state
 
