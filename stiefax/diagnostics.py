@@ -25,8 +25,15 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from stiefax import geometry
+from stiefax import covariance, geometry
 from stiefax.alias import STIEFEL_LABEL
+# Re-exported so that every diagnostic is reachable from one module.
+from stiefax.covariance import (
+    angular_update,
+    covariance_violation,
+    effective_learning_rate,
+    update_summary,
+)
 from stiefax.frames import FrameSpec, FramesLike, resolve_frames
 
 __all__ = [
@@ -51,19 +58,10 @@ def _labelled_leaves(params: Any, labels: Any, label: str, frames: FramesLike):
   ``index`` is the leaf's position in ``jax.tree.leaves(params)``.
   """
   flat = jax.tree_util.tree_flatten_with_path(params)[0]
-  if labels is None:
-    return [(i, p, resolve_frames(frames, p, x), x) for i, (p, x) in enumerate(flat)]
-  tree = labels(params) if callable(labels) else labels
-  flat_labels = jax.tree.leaves(tree)
-  if len(flat_labels) != len(flat):
-    raise ValueError(
-        f"labels has {len(flat_labels)} leaves but params has {len(flat)}; give a"
-        " label tree with the structure of params (see stiefax.flax.qk_labels)."
-    )
   return [
       (i, p, resolve_frames(frames, p, x), x)
-      for i, ((p, x), lab) in enumerate(zip(flat, flat_labels))
-      if lab == label
+      for i, ((p, x), keep) in enumerate(zip(flat, covariance._selected(labels, label, params)))
+      if keep
   ]
 
 
@@ -480,10 +478,3 @@ def step_statistics(
     )
     out["/".join(path_names(path))] = StepStatistics(grad_norm, step_norm, ratio)
   return out
-
-
-# Re-exported so that every diagnostic is reachable from one module.
-from stiefax.covariance import angular_update  # pylint: disable=g-import-not-at-top,wrong-import-position
-from stiefax.covariance import covariance_violation  # pylint: disable=g-import-not-at-top,wrong-import-position
-from stiefax.covariance import effective_learning_rate  # pylint: disable=g-import-not-at-top,wrong-import-position
-from stiefax.covariance import update_summary  # pylint: disable=g-import-not-at-top,wrong-import-position

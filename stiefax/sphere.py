@@ -76,21 +76,8 @@ def frame_axes(spec: FrameSpec, shape: Sequence[int]) -> tuple[int, ...]:
   ndim = len(shape)
   if ndim <= 1:
     return tuple(range(ndim))
-  named = (spec.row_axis,) + tuple(spec.col_axes)
-  for a in named:
-    if not -ndim <= a < ndim:
-      raise ValueError(
-          f"{spec} names axis {a}, which does not exist for a parameter of shape"
-          f" {tuple(shape)}. Give a FrameSpec whose row_axis and col_axes lie in"
-          f" [-{ndim}, {ndim - 1}] (pass frames=...)."
-      )
-  axes = sorted({a % ndim for a in named})
-  if len(axes) != len(named):
-    raise ValueError(
-        f"{spec} uses an axis twice for a parameter of shape {tuple(shape)}: the row"
-        " axis and the column axes must be distinct."
-    )
-  return tuple(axes)
+  row, cols, _ = spec._axes(ndim)  # validates the axes (wide frames are allowed here)
+  return tuple(sorted((row,) + cols))
 
 
 def frame_columns(spec: FrameSpec, shape: Sequence[int]) -> int:
