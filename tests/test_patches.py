@@ -5,6 +5,7 @@ import json
 import pathlib
 import pickle
 import re
+import shlex
 import tarfile
 
 import numpy as np
@@ -297,9 +298,14 @@ def test_cli_paired_seeds_and_report(cifar, tmp_path, capsys):
   assert cli.main(argv) == 0
   printed = capsys.readouterr().out
   files = sorted(p.name for p in out.glob("*.json"))
-  assert files == ["run-A2-n512-s0.json", "run-A2-n512-s1.json", "run-B2-n512-s0.json",
-                   "run-B2-n512-s1.json"]
+  assert [re.sub(r"-[0-9a-f]{8}-", "-H-", f) for f in files] == [
+      "run-A2-n512-H-s0.json", "run-A2-n512-H-s1.json", "run-B2-n512-H-s0.json",
+      "run-B2-n512-H-s1.json"]
   runs = [json.loads((out / f).read_text()) for f in files]
+  for r, f in zip(runs, files):
+    assert patches.config_hash(r["config"]) in f
+    assert r["command"].startswith("stiefax patches ") and f"--seeds {r['seed']}" in r["command"]
+    assert set(r["code"]) == {"version", "commit", "dirty"}
   for r in runs:
     assert r["experiment"] == "patches" and set(r) >= {"arm", "seed", "config", "metrics",
                                                        "history", "wall_time"}
@@ -325,6 +331,20 @@ def test_cli_paired_seeds_and_report(cifar, tmp_path, capsys):
   mtime = (out / files[0]).stat().st_mtime_ns
   assert cli.main(argv) == 0
   assert (out / files[0]).stat().st_mtime_ns == mtime
+  # Another configuration in the same folder never replaces a finished run.
+  assert cli.main([*argv, "--adamw-lr", "0.003"]) == 0
+  assert len(list(out.glob("*.json"))) == 8
+  assert (out / files[0]).stat().st_mtime_ns == mtime
+  # The command recorded in a run reproduces it in a fresh folder.
+  rec = by[("B2", 1)]
+  again = tmp_path / "again"
+  cmd = shlex.split(rec["command"])
+  cmd[cmd.index("--out") + 1] = str(again)
+  assert cmd[:2] == ["stiefax", "patches"]
+  assert cli.main([*cmd[1:], "--cache", str(tmp_path / "cache"), "--no-progress"]) == 0
+  (rerun,) = [json.loads(p.read_text()) for p in again.glob("*.json")]
+  assert patches.run_identity(rerun["config"]) == patches.run_identity(rec["config"])
+  assert rerun["metrics"]["test_acc"] == rec["metrics"]["test_acc"]
 
 
 def test_digits_default_runs_end_to_end(tmp_path, capsys):

@@ -49,10 +49,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import hashlib
 import json
 import math
 import os
 import pathlib
+import shlex
+import subprocess
 import time
 import types
 from typing import Any, Optional, Sequence
@@ -669,7 +672,27 @@ def _run_config(ctx: Context, protocol: str, arm: Arm, setting: Setting, hp: dic
   return cfg
 
 
+def run_identity(cfg: dict) -> dict:
+  """The part of a run's configuration that decides its result.
+
+  Everything but where the data was read from (``"data"``, a path that differs between
+  machines; the data set itself is named by ``"dataset"``).
+  """
+  return {k: v for k, v in json.loads(json.dumps(cfg)).items() if k != "data"}
+
+
+def config_hash(cfg: dict) -> str:
+  """8 hex digits of the SHA-256 of :func:`run_identity`, canonical JSON."""
+  text = json.dumps(run_identity(cfg), sort_keys=True, separators=(",", ":"))
+  return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
 def _run_name(protocol: str, arm: str, cfg: dict, seed: int) -> str:
+  """``<protocol>-<arm>-n<n>[-eps<eps>|-k<knob>]-<config hash>-s<seed>.json``.
+
+  The hash makes the name a function of the whole configuration, so runs that differ
+  in any setting (depth, rates, budget, ...) never share a file.
+  """
   name = f"{protocol}-{arm}-n{cfg['n_train']}"
   if protocol == "sweep-eps":
     name += f"-eps{cfg['eps']:.0e}"
@@ -677,7 +700,61 @@ def _run_name(protocol: str, arm: str, cfg: dict, seed: int) -> str:
     knob = cfg["penalty"] if cfg["penalty"] is not None else (
         cfg["riemannian_lr"] if cfg["riemannian_lr"] is not None else cfg["adamw_lr"])
     name += f"-k{knob:g}"
-  return f"{name}-s{seed}.json".replace("+", "")
+  return f"{name}-{config_hash(cfg)}-s{seed}.json".replace("+", "")
+
+
+def _code_version() -> dict:
+  """``{"version", "commit", "dirty"}`` of the stiefax source this process runs."""
+  import stiefax  # pylint: disable=g-import-not-at-top
+
+  root = pathlib.Path(stiefax.__file__).resolve().parent.parent
+  info = {"version": stiefax.__version__, "commit": None, "dirty": None}
+  try:
+    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True,
+                                    text=True, timeout=10, check=True).stdout.strip()
+    info["commit"] = git("rev-parse", "HEAD") or None
+    info["dirty"] = bool(git("status", "--porcelain", "--untracked-files=no", "--", "stiefax"))
+  except (OSError, subprocess.SubprocessError):
+    pass
+  return info
+
+
+def _quote(value) -> str:
+  return shlex.quote(str(value))
+
+
+def run_command(protocol: str, arm: str, cfg: dict, seed: int, out: str) -> str:
+  """The ``stiefax patches`` command line that reruns exactly this one run."""
+  c = cfg
+  knob = (c["penalty"] if c.get("penalty") is not None else
+          c["riemannian_lr"] if c.get("riemannian_lr") is not None else c["adamw_lr"])
+  parts = ["stiefax", "patches"]
+  if protocol == "sweep-n":
+    parts += ["sweep-n", "--ns", str(c["n_train"]),
+              "--budget", str(c["total_steps"])]
+  elif protocol == "sweep-eps":
+    parts += ["sweep-eps", "--eps-values", repr(c["eps"]), "--n-train", str(c["n_train"]),
+              "--epochs", str(c["epochs"])]
+  else:
+    parts += ["--n-train", str(c["n_train"]), "--epochs", str(c["epochs"])]
+    if c.get("eps") is not None:
+      parts += ["--eps", repr(c["eps"])]
+  if c.get("data") is not None:
+    parts += ["--data", _quote(c["data"])]
+  if protocol == "select-lr":
+    parts += ["--n-val", str(c["n_val"])]
+  parts += ["--arms", arm, "--seeds", str(seed), "--depth", str(c["depth"]),
+            "--patch", str(c["patch"]), "--d", str(c["d"]), "--heads", str(c["heads"]),
+            "--head-dim", str(c["head_dim"]), "--mlp-ratio", str(c["mlp_ratio"]),
+            "--batch-size", str(c["batch_size"]), "--warmup-epochs", str(c["warmup_epochs"]),
+            "--adamw-lr", repr(c["adamw_lr"]), "--weight-decay", repr(c["weight_decay"]),
+            "--max-norm", repr(c["max_norm"]), "--polar", c["polar"],
+            "--whiten-eps", repr(c["whiten_eps"]), "--pca-samples", str(c["pca_samples"]),
+            "--order-seed", str(c["order_seed"])]
+  if knob is not None and arm != "frozen":
+    parts += ["--lr", f"{arm}={knob!r}"]
+  parts += ["--out", _quote(out)]
+  return " ".join(parts)
 
 
 def _execute(ctx: Context, protocol: str, arm: Arm, setting: Setting, knob: Optional[float],
@@ -692,10 +769,10 @@ def _execute(ctx: Context, protocol: str, arm: Arm, setting: Setting, knob: Opti
     if path.is_file() and not ctx.args.force:
       try:
         old = json.loads(path.read_text())
-        if old.get("config") == json.loads(json.dumps(cfg)):
+        if run_identity(old.get("config", {})) == run_identity(cfg):
           results.append(old)
           continue
-      except (OSError, ValueError):
+      except (OSError, ValueError, AttributeError):
         pass
     if trainer is None:
       trainer = Trainer(arm, setting, hp, data.train_x.shape[1], data.num_classes)
@@ -703,7 +780,8 @@ def _execute(ctx: Context, protocol: str, arm: Arm, setting: Setting, knob: Opti
     out = train(trainer, data, seed, eval_split=eval_split, eval_every=ctx.args.eval_every,
                 progress=ctx.progress, desc=desc)
     rec = {"experiment": EXPERIMENT, "arm": arm.name, "seed": int(seed), "config": cfg,
-           **out}
+           "command": run_command(protocol, arm.name, cfg, seed, str(ctx.out)),
+           "code": _code_version(), **out}
     ctx.out.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(rec, indent=1, allow_nan=True))
