@@ -406,3 +406,52 @@ def test_report_tables_from_runs(tmp_path):
   assert "-2.60" in rows["1e-01"] and "0/3" in rows["1e-01"]
   assert (tmp_path / "patches_sweep_n.png").is_file()
   assert patches.report([], tmp_path) == "patches: no runs"
+
+
+def test_report_separates_settings_and_knobs_and_pairs_the_contrasts(tmp_path):
+  """Depth and AdamW-rate cells are separate tables; the frozen share is per cell."""
+
+  def fake(arm, seed, acc, depth=1, lr=1e-2, **kw):
+    r = _fake(arm, seed, acc, **kw)
+    r["config"].update(depth=depth, adamw_lr=lr)
+    return r
+
+  runs = []
+  for depth, lr, gain_frozen, gain_b2 in ((1, 1e-2, 0.06, 0.07), (2, 1e-3, 0.01, 0.05)):
+    for s in range(3):
+      base = 0.35 + 0.01 * s
+      runs += [fake("A2", s, base, depth, lr),
+               fake("frozen", s, base + gain_frozen + 0.001 * s, depth, lr),
+               fake("B2", s, base + gain_b2 + 0.002 * s, depth, lr)]
+  for s, b2sgd, grass in ((0, 0.38, 0.41), (1, 0.385, 0.425), (2, 0.40, 0.43)):
+    runs += [fake("B2-SGD", s, b2sgd), fake("grassmann", s, grass)]
+  for lam, acc in ((0.01, 0.37), (0.1, 0.38), (1.0, 0.36)):
+    r = fake("soft", 0, acc)
+    r["config"]["penalty"] = lam
+    runs.append(r)
+  text = patches.report(runs, tmp_path)
+  titles = [line for line in text.splitlines() if line.startswith("patches (run)")]
+  assert len(titles) == 2 and any("depth=2" in t and "adamw_lr=0.001" in t for t in titles)
+  # One row per lambda, labelled by it.
+  assert sum(line.startswith("soft λ=") for line in text.splitlines()) == 3
+  # The frozen share of B2's gain: 6.1/7.2 at (1, 1e-2), 1.1/5.2 at (2, 1e-3).
+  share = {tuple(line.split()[:2]): line for line in text.splitlines()
+           if line[:1].isdigit() and len(line.split()) > 8}
+  assert share[("1", "0.01")].split()[-1] == f"{6.1 / 7.2:.2f}"
+  assert share[("2", "0.001")].split()[-1] == f"{1.1 / 5.2:.2f}"
+  # Table 7's contrasts, paired within seed: the step rule is grassmann - B2-SGD.
+  step = next(line for line in text.splitlines() if line.startswith("step rule"))
+  assert "+3.33" in step and "3/3" in step
+  train = [line for line in text.splitlines() if line.startswith("training the frames")]
+  assert len(train) == 2 and "+1.10" in train[0] + train[1] and "+4.10" in train[0] + train[1]
+  assert len(list(tmp_path.glob("patches_run_n10000_e40_depth*.png"))) == 2
+
+
+def test_eps_probe_uses_the_main_study_as_its_reference(tmp_path):
+  main = [_fake("B2", s, 0.43 + 0.01 * s) for s in range(3)]
+  main += [_fake("A2", s, 0.36) for s in range(3)]
+  probe = [_fake("B2", s, 0.40 + 0.01 * s + 0.001 * s, "sweep-eps", eps=1e-1) for s in range(3)]
+  text = patches.report(main + probe, tmp_path)
+  rows = {line.split()[0]: line for line in text.splitlines() if line.startswith("1e-")}
+  assert rows["1e-08"].split()[1] == "3" and "-2.90" in rows["1e-01"]
+  assert "0/3" in rows["1e-01"] and (tmp_path / "patches_sweep_eps_B2.png").is_file()

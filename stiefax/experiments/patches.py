@@ -948,20 +948,61 @@ def _num(x: Optional[float], fmt: str) -> str:
   return "-" if x is None or not math.isfinite(x) else format(x, fmt)
 
 
-def _group_key(cfg: dict) -> tuple:
-  return (cfg.get("dataset"), cfg.get("n_train"), cfg.get("epochs"), cfg.get("depth"),
-          cfg.get("d"), cfg.get("heads"), cfg.get("head_dim"), cfg.get("batch_size"))
+# Configuration fields that belong to an arm rather than to the setting it runs in.
+_ARM_FIELDS = ("protocol", "riemannian_lr", "penalty", "eps", "description", "frame_init")
+
+
+def _group_key(cfg: dict, drop: Sequence[str] = ()) -> str:
+  """The setting a run belongs to: its identity less the arm's own fields and ``drop``."""
+  ident = run_identity(cfg)
+  for k in (*_ARM_FIELDS, *drop):
+    ident.pop(k, None)
+  return json.dumps(ident, sort_keys=True)
+
+
+def _label(r: dict, knobs: dict) -> str:
+  """The arm's name, with its knob when one arm runs at several knobs in a group."""
+  if len(knobs.get(r["arm"], ())) < 2:
+    return r["arm"]
+  c = r["config"]
+  if c.get("penalty") is not None:
+    return f"{r['arm']} λ={c['penalty']:g}"
+  if c.get("riemannian_lr") is not None:
+    return f"{r['arm']} lr={c['riemannian_lr']:g}"
+  return f"{r['arm']} lr={c['adamw_lr']:g}"
+
+
+def _knob_of(cfg: dict) -> Optional[float]:
+  for k in ("penalty", "riemannian_lr"):
+    if cfg.get(k) is not None:
+      return cfg[k]
+  return cfg.get("adamw_lr")
 
 
 def _arm_order(name: str) -> tuple:
   names = list(ARMS)
-  return (names.index(name) if name in names else len(names), name)
+  base = name.split(" ")[0]
+  return (names.index(base) if base in names else len(names), name)
 
 
 def _title(cfg: dict) -> str:
   return (f"{cfg.get('dataset')} n_train={cfg.get('n_train')} test={cfg.get('n_test')}"
           f" epochs={cfg.get('epochs')} ({cfg.get('total_steps')} steps) depth={cfg.get('depth')}"
-          f" d={cfg.get('d')} H={cfg.get('heads')} r={cfg.get('head_dim')}")
+          f" d={cfg.get('d')} H={cfg.get('heads')} r={cfg.get('head_dim')}"
+          f" adamw_lr={cfg.get('adamw_lr'):g}")
+
+
+# Paired contrasts of the paper's Table 7 (and section 4.5): (name, arm b, arm a, what
+# b - a isolates). Printed for every group that holds both arms.
+CONTRASTS = (
+    ("constraint alone", "frozen", "A2", "orthonormal frames never trained, vs AdamW"),
+    ("training the frames", "B2", "frozen", "the Riemannian Adam step, vs frozen frames"),
+    ("step rule (b,c)", "grassmann", "B2-SGD", "adaptive capped step vs fixed step,"
+     " both Grassmann"),
+    ("projector (a)", "B2", "grassmann", "Stiefel vs Grassmann projector, adaptive step"),
+    ("second moment", "B2", "elementwise", "scalar vs elementwise v"),
+    ("corrected vs PA16", "B2", "B2-SGD", "all three changes at once"),
+)
 
 
 def _by_seed(runs: Sequence[dict], metric: str) -> dict:
@@ -997,11 +1038,14 @@ def _report_main(runs: Sequence[dict], out_dir: pathlib.Path, tag: str) -> list[
   groups: dict = {}
   for r in runs:
     groups.setdefault(_group_key(r["config"]), []).append(r)
-  lines = []
+  lines, used = [], set()
   for gi, (_, group) in enumerate(sorted(groups.items(), key=lambda kv: str(kv[0]))):
+    knobs: dict = {}
+    for r in group:
+      knobs.setdefault(r["arm"], set()).add(_knob_of(r["config"]))
     by_arm: dict = {}
     for r in group:
-      by_arm.setdefault(r["arm"], []).append(r)
+      by_arm.setdefault(_label(r, knobs), []).append(r)
     base = _by_seed(by_arm.get("A2", []), "test_acc")
     rows = []
     for name in sorted(by_arm, key=_arm_order):
@@ -1018,11 +1062,77 @@ def _report_main(runs: Sequence[dict], out_dir: pathlib.Path, tag: str) -> list[
                          "95% CI (pp)", "isometry", "s/epoch"], rows))
     lines.append("  mean ± sample std (ddof=1) over seeds; Δ paired within seed;"
                  " bootstrap CI over 20 000 resamples.")
-    png = _plot_main(by_arm, out_dir, f"patches_{tag}_{gi}.png", _title(group[0]["config"]))
+    rows = []
+    for name, b, a, what in CONTRASTS:
+      if b in by_arm and a in by_arm:
+        p = _paired_row(_by_seed(by_arm[a], "test_acc"), _by_seed(by_arm[b], "test_acc"))
+        rows.append([name, f"{b} - {a}", *_paired_cells(p), what])
+    if rows:
+      lines.append("")
+      lines.append(_table(["contrast", "arms", "Δ pp", "t", "p", "wins", "95% CI (pp)",
+                           "isolates"], rows))
+    c = group[0]["config"]
+    name = f"patches_{tag}_n{c['n_train']}_e{c['epochs']}_depth{c['depth']}_lr{c['adamw_lr']:g}"
+    if name in used:
+      name += f"_{gi}"
+    used.add(name)
+    png = _plot_main(by_arm, out_dir, name + ".png", _title(c))
     if png:
       lines.append(f"  plot: {png}")
     lines.append("")
   return lines
+
+
+def _report_frozen_share(runs: Sequence[dict]) -> list[str]:
+  """How much of B2's gain over A2 the frozen arm keeps, in every setting that has all three.
+
+  Per setting (depth, AdamW rate, ...), on the seeds that A2, frozen and B2 share: the
+  paired gains ``frozen - A2`` and ``B2 - A2`` and their ratio, the frozen arm's share.
+  A share near 1 says orthonormal frames alone earn the gain; near 0, that training
+  them with the Riemannian step does.
+  """
+  groups: dict = {}
+  for r in runs:
+    groups.setdefault(_group_key(r["config"]), {}).setdefault(r["arm"], []).append(r)
+  rows = []
+  for key, by_arm in sorted(groups.items()):
+    if not all(a in by_arm for a in ("A2", "frozen", "B2")):
+      continue
+    acc = {a: _by_seed(by_arm[a], "test_acc") for a in ("A2", "frozen", "B2")}
+    seeds = sorted(set(acc["A2"]) & set(acc["frozen"]) & set(acc["B2"]))
+    if not seeds:
+      continue
+    sub = {a: {s: acc[a][s] for s in seeds} for a in acc}
+    fz = _paired_row(sub["A2"], sub["frozen"])
+    b2 = _paired_row(sub["A2"], sub["B2"])
+    tr = _paired_row(sub["frozen"], sub["B2"])
+    c = by_arm["A2"][0]["config"]
+    share = fz.mean / b2.mean if b2.mean else float("nan")
+    rows.append([str(c["depth"]), f"{c['adamw_lr']:g}", f"{c['n_train']}/{c['epochs']}",
+                 str(len(seeds)), f"{100 * np.mean(list(sub['A2'].values())):.2f}",
+                 f"{fz.mean:+.2f} ({fz.wins}/{fz.n})", f"{b2.mean:+.2f} ({b2.wins}/{b2.n})",
+                 f"{tr.mean:+.2f} ({tr.wins}/{tr.n}, p={_num(tr.p, '.2g')})",
+                 _num(share, ".2f")])
+  if not rows:
+    return []
+  return ["patches (frozen share): the frozen arm's share of B2's gain, per setting",
+          _table(["depth", "adamw_lr", "n/epochs", "seeds", "A2 %", "frozen-A2 pp (wins)",
+                  "B2-A2 pp (wins)", "B2-frozen pp (wins, p)", "share"], rows),
+          "  paired within seed on the seeds all three arms share; share ="
+          " (frozen - A2) / (B2 - A2).", ""]
+
+
+def _eps_references(sweep: Sequence[dict], runs: Sequence[dict]) -> list[dict]:
+  """``run``-protocol runs of the swept arms in the sweep's setting, as extra eps points.
+
+  The eps probe varies only eps, so the main study's B2 (eps = 1e-8) is its reference
+  point and need not be trained twice.
+  """
+  keys = {(r["arm"], _group_key(r["config"])) for r in sweep}
+  have = {(r["arm"], r["seed"], r["config"]["eps"]) for r in sweep}
+  return [r for r in runs if (r["arm"], _group_key(r["config"])) in keys
+          and r["config"].get("eps") is not None
+          and (r["arm"], r["seed"], r["config"]["eps"]) not in have]
 
 
 def _report_sweep_n(runs: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
@@ -1207,8 +1317,11 @@ def report(runs: list[dict], out_dir: pathlib.Path) -> str:
     lines += _report_select(by_protocol["select-lr"])
   if "run" in by_protocol:
     lines += _report_main(by_protocol["run"], out_dir, "run")
+    lines += _report_frozen_share(by_protocol["run"])
   if "sweep-n" in by_protocol:
     lines += _report_sweep_n(by_protocol["sweep-n"], out_dir)
   if "sweep-eps" in by_protocol:
-    lines += _report_sweep_eps(by_protocol["sweep-eps"], out_dir)
+    sweep = by_protocol["sweep-eps"]
+    lines += _report_sweep_eps(sweep + _eps_references(sweep, by_protocol.get("run", [])),
+                               out_dir)
   return "\n".join(lines).rstrip() + "\n"
