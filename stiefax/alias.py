@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import optax
 
 from stiefax import geometry, transforms
-from stiefax.frames import FrameSpec, FramesLike, resolve_frames
+from stiefax.frames import FrameSpec, FramesLike, checked_frames
 
 __all__ = ["MOMENTS", "riemannian_adam", "riemannian_sgd", "stiefel_adamw"]
 
@@ -42,6 +42,7 @@ def riemannian_adam(
     frames: FramesLike = FrameSpec(),
     mu_dtype: Any = None,
     fused: bool = True,
+    init_tol: Optional[float] = None,
 ) -> optax.GradientTransformation:
   r"""The corrected Riemannian Adam on ``St(d, r)`` (the paper's B2; section 3.2).
 
@@ -105,6 +106,8 @@ def riemannian_adam(
     fused: compute the scalar-moment update in one pass per frame (default), or
       return the literal ``optax.chain`` of the transforms (``False``; same state,
       same result to rounding). The elementwise moment always runs as the chain.
+    init_tol: the largest ``max|W^T W - I|`` that ``init`` accepts (default
+      ``max(1e-3, 4 eps)`` of each frame's dtype; see :func:`stiefax.polar_retract`).
 
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
@@ -123,7 +126,9 @@ def riemannian_adam(
   # A static cap bounds the singular values of W + eta (Proposition 6), which fixes the
   # Newton-Schulz iteration count; a traced or absent cap iterates to convergence.
   bound = float(max_norm) if isinstance(max_norm, (int, float)) else None
-  parts.append(transforms.polar_retract(frames, polar, step_bound=bound))
+  parts.append(
+      transforms.polar_retract(frames, polar, step_bound=bound, init_tol=init_tol)
+  )
   chain = optax.chain(*parts)
   if not fused or moment != "scalar":
     return chain
@@ -179,8 +184,8 @@ def _fused_scalar_adam(
     neg_lr, states[2] = lr_tx.update(ones, states[2])
 
     def leaf(path, g, w, mu, nu, m_skipped, r_skipped, neg_lr):
-      spec = resolve_frames(frames, path, w)
-      cd = jnp.promote_types(geometry.compute_dtype(g.dtype), nu.dtype)
+      spec = checked_frames(frames, path, w)
+      cd = jnp.promote_types(transforms._compute_dtype(g, w), nu.dtype)
       wf = spec.to_frames(w).astype(cd)
       m_prev = spec.to_frames(mu).astype(cd)
       xi, m = _fused_moment(
@@ -205,7 +210,7 @@ def _fused_scalar_adam(
           wf, transforms._expand(coef) * m, polar, step_bound, sq_norm=coef * coef * m_sq
       )
       return (
-          spec.from_frames(delta, g.shape).astype(g.dtype),
+          spec.from_frames(delta, g.shape).astype(w.dtype),
           spec.from_frames(m, w.shape).astype(mu.dtype),
           jnp.where(finite, v, nu).astype(nu.dtype),
           m_skipped + (~finite).astype(jnp.int32),
@@ -229,6 +234,7 @@ def riemannian_sgd(
     projector: str = "grassmann",
     polar: str = "auto",
     frames: FramesLike = FrameSpec(),
+    init_tol: Optional[float] = None,
 ) -> optax.GradientTransformation:
   """Fixed-step Riemannian SGD on ``St(d, r)``: PA16 / B2-SGD (Bonnabel 2013).
 
@@ -249,6 +255,8 @@ def riemannian_sgd(
     projector: ``"grassmann"`` (PA16), ``"stiefel"`` or ``"canonical"``.
     polar: the retraction's method, see :func:`stiefax.polar_retract`.
     frames: how each leaf is viewed as frames.
+    init_tol: the largest ``max|W^T W - I|`` that ``init`` accepts (default
+      ``max(1e-3, 4 eps)`` of each frame's dtype).
 
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
@@ -256,7 +264,7 @@ def riemannian_sgd(
   return optax.chain(
       _projector(projector, frames),
       optax.scale_by_learning_rate(learning_rate),
-      transforms.polar_retract(frames, polar),
+      transforms.polar_retract(frames, polar, init_tol=init_tol),
   )
 
 

@@ -34,7 +34,7 @@ from stiefax.covariance import (
     effective_learning_rate,
     update_summary,
 )
-from stiefax.frames import FrameSpec, FramesLike, resolve_frames
+from stiefax.frames import FrameSpec, FramesLike, checked_frames, resolve_frames
 
 __all__ = [
     "isometry_error",
@@ -59,7 +59,7 @@ def _labelled_leaves(params: Any, labels: Any, label: str, frames: FramesLike):
   """
   flat = jax.tree_util.tree_flatten_with_path(params)[0]
   return [
-      (i, p, resolve_frames(frames, p, x), x)
+      (i, p, checked_frames(frames, p, x), x)
       for i, ((p, x), keep) in enumerate(zip(flat, covariance._selected(labels, label, params)))
       if keep
   ]

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from stiefax import geometry
 from stiefax.alias import EUCLIDEAN_LABEL, STIEFEL_LABEL
-from stiefax.frames import FrameSpec, FramesLike, resolve_frames
+from stiefax.frames import FrameSpec, FramesLike, checked_frames
 
 __all__ = [
     "qk_labels",
@@ -128,7 +128,7 @@ def _map_labelled(fn: Callable, params: Any, labels: Any, label: str, frames: Fr
   def leaf(path, lab, w):
     if lab != label:
       return None
-    return fn(resolve_frames(frames, path, w), w)
+    return fn(checked_frames(frames, path, w), w)
 
   return jax.tree_util.tree_map_with_path(leaf, tree, params)
 
