@@ -276,6 +276,33 @@ def _decay_mask(params):
   return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
+def _top_keys(tree: Any) -> Optional[tuple[str, ...]]:
+  keys = getattr(tree, "keys", None)
+  return tuple(sorted(map(str, keys()))) if callable(keys) else None
+
+
+def _structure_message(labels: Any, params: Any) -> str:
+  """Why a label tree does not match the params, with the common case spelled out."""
+  lk, pk = _top_keys(labels), _top_keys(params)
+  if pk is not None and "params" in pk and (lk is None or "params" not in lk):
+    hint = (
+        " The params have a top 'params' level that the labels lack: build the labels"
+        " from the tree you pass to tx.init (labels=stiefax.flax.qk_labels as a"
+        " callable does), or wrap them as {'params': labels}."
+    )
+  elif lk is not None and "params" in lk and (pk is None or "params" not in pk):
+    hint = (
+        " The labels have a top 'params' level that the params lack: pass"
+        " labels['params'], or build the labels from the tree you pass to tx.init."
+    )
+  else:
+    hint = " Build the labels from the same tree you pass to tx.init."
+  return (
+      f"stiefel_adamw: the label tree does not have the structure of the params"
+      f" (top-level keys {lk} vs {pk}).{hint}"
+  )
+
+
 def _checked_labels(labels: Any) -> Callable[[Any], Any]:
   valid = {STIEFEL_LABEL, EUCLIDEAN_LABEL}
 
@@ -294,6 +321,22 @@ def _checked_labels(labels: Any) -> Callable[[Any], Any]:
       raise ValueError(
           f"stiefel_adamw: the label tree has {n_labels} leaves but the params have"
           f" {n_params}; give one label per parameter (the same tree structure)."
+      )
+    try:
+      jax.tree.map(lambda *_: None, tree, params)
+    except (ValueError, TypeError) as e:
+      raise ValueError(_structure_message(tree, params)) from e
+    if STIEFEL_LABEL not in found:
+      from stiefax.flax import _nothing_selected_message, attention_like  # pylint: disable=g-import-not-at-top
+
+      attention = attention_like(params)
+      why = (
+          _nothing_selected_message(attention) if attention
+          else "the params hold no attention-like parameter either."
+      )
+      raise ValueError(
+          f"stiefel_adamw: no parameter is labelled {STIEFEL_LABEL!r}, so every"
+          " parameter would train as plain AdamW (use optax.adamw for that); " + why
       )
     return tree
 

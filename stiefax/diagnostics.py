@@ -84,7 +84,8 @@ def isometry_error(
 ) -> jax.Array:
   """``max |W^T W - I|`` over every frame (the paper's isometry error).
 
-  Computed in float32 or wider. Zero frames (none labelled) give 0.
+  Computed in float32 or wider. A tree with no labelled frame raises a ValueError
+  (it never reports 0.0 for nothing measured).
 
   Example:
     >>> import jax.numpy as jnp, stiefax
@@ -107,7 +108,11 @@ def isometry_error(
       for spec, x in _frame_leaves(params, labels, label, frames)
   ]
   if not errs:
-    return jnp.zeros([], jnp.float32)
+    raise ValueError(
+        f"isometry_error: no leaf of the params is labelled {label!r}, so there is no"
+        " frame to measure (an error of 0.0 would look like success). Check the"
+        " labels (stiefax.flax.qk_labels(params) shows which leaves are frames)."
+    )
   return jnp.max(jnp.stack([e.astype(jnp.float32) for e in errs]))
 
 

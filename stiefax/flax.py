@@ -14,6 +14,7 @@ The three-line drop-in (linen params or ``nnx.Optimizer(model, tx, wrt=nnx.Param
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Sequence
 
 import jax
@@ -25,6 +26,7 @@ from stiefax.frames import FrameSpec, FramesLike, checked_frames
 
 __all__ = [
     "qk_labels",
+    "attention_like",
     "orthonormal_init",
     "project_params",
     "orthogonality_penalty",
@@ -73,6 +75,74 @@ def path_names(path: Sequence[Any]) -> tuple[str, ...]:
   return tuple(names)
 
 
+# Lower-case name tokens that mark a parameter as part of an attention layer.
+_ATTENTION_TOKENS = frozenset(
+    {"q", "k", "wq", "wk", "qk", "qkv", "kv", "query", "key", "queries", "keys"}
+)
+_ATTENTION_WORDS = ("attn", "attention")
+
+
+def _looks_like_attention(names: Sequence[str]) -> bool:
+  for name in names:
+    low = name.lower()
+    if any(w in low for w in _ATTENTION_WORDS):
+      return True
+    if _ATTENTION_TOKENS.intersection(re.split(r"[^a-z]+", low)):
+      return True
+  return False
+
+
+def attention_like(params: Any) -> list[tuple[str, tuple[int, ...]]]:
+  """``(path, shape)`` of every matrix-shaped leaf whose path looks like attention.
+
+  A leaf of rank >= 2 is attention-like when an entry of its path contains ``attn`` or
+  ``attention``, or has a name token (split at non-letters) such as ``q``, ``k``,
+  ``wq``, ``query``, ``key``, ``qkv`` or ``kv``. :func:`qk_labels` and
+  :func:`stiefax.stiefel_adamw` use it to refuse a model whose attention they would
+  otherwise silently train as plain AdamW.
+
+  Example:
+    >>> import jax.numpy as jnp, stiefax
+    >>> params = {"attn": {"q_lin": {"w": jnp.zeros((8, 8))}}, "mlp": {"w": jnp.zeros((8, 8))}}
+    >>> stiefax.flax.attention_like(params)
+    [('attn/q_lin/w', (8, 8))]
+
+  Args:
+    params: a parameter tree.
+
+  Returns:
+    A list of ``(path, shape)``, the path's names joined by ``/``.
+  """
+  out = []
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    names = path_names(path)
+    if jnp.ndim(leaf) >= 2 and _looks_like_attention(names):
+      out.append(("/".join(names), tuple(jnp.shape(leaf))))
+  return out
+
+
+def _nothing_selected_message(found: Sequence[tuple[str, tuple[int, ...]]]) -> str:
+  """How to select frames, given the attention-like leaves that were found."""
+  shown = ", ".join(f"{p} {s}" for p, s in found[:6])
+  more = f" (and {len(found) - 6} more)" if len(found) > 6 else ""
+  modules = []
+  for p, _ in found:
+    names = p.split("/")
+    if len(names) >= 2 and names[-1] == "kernel" and names[-2] not in modules:
+      modules.append(names[-2])
+  hint = (
+      f" If {tuple(modules[:4])} hold queries and keys of shape (d_model, heads,"
+      f" head_dim), select them with labels=lambda p: stiefax.flax.qk_labels(p,"
+      f" modules={tuple(m for m in modules[:4])}); otherwise"
+      if modules else " Select the query/key kernels with"
+  )
+  return (
+      f"it found attention-like parameters: {shown}{more}.{hint} a labels= tree or"
+      " callable marking them 'stiefel' (with frames= for their layout; see the"
+      " docs page 'Use it with your model')."
+  )
+
+
 def qk_labels(
     params: Any,
     *,
@@ -113,7 +183,16 @@ def qk_labels(
     is_frame = len(names) >= 2 and names[-1] == "kernel" and names[-2] in modules
     return stiefel_label if is_frame else other_label
 
-  return jax.tree_util.tree_map_with_path(label, params)
+  labels = jax.tree_util.tree_map_with_path(label, params)
+  if stiefel_label not in jax.tree.leaves(labels):
+    found = attention_like(params)
+    if found:
+      raise ValueError(
+          f"qk_labels(modules={modules}) selects no frame (no path ends in"
+          f" <module>/kernel for a module in {modules}), but "
+          + _nothing_selected_message(found)
+      )
+  return labels
 
 
 def _labels_tree(params: Any, labels: Any) -> Any:
