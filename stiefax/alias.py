@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -343,6 +343,81 @@ def _checked_labels(labels: Any) -> Callable[[Any], Any]:
   return fn
 
 
+class FramesAndRestState(NamedTuple):
+  """State of the ``"stiefel"`` part of :func:`stiefel_adamw` when some frame
+  parameters are only partly frames (a fused query/key/value weight).
+
+  Attributes:
+    frames: the state of the frame transform (on the whole frame parameters).
+    rest: the AdamW state of their entries outside the frames (the value slices).
+  """
+
+  frames: Any
+  rest: Any
+
+
+def _frames_and_rest(
+    stiefel: optax.GradientTransformation,
+    rest_tx: optax.GradientTransformation,
+    rest_spec: Callable[[Any, Any], Optional[FrameSpec]],
+) -> optax.GradientTransformation:
+  """``stiefel`` on the frame parameters, ``rest_tx`` on their unselected entries.
+
+  ``rest_spec(path, param)`` is the FrameSpec of a parameter whose spec selects part
+  of it (``None`` otherwise). ``stiefel`` leaves those entries unchanged (a zero
+  update), and ``rest_tx`` updates them as a separate leaf in the split layout. Without
+  such parameters the state is ``stiefel``'s own.
+  """
+
+  def specs(params):
+    return [
+        rest_spec(p, w) for p, w in jax.tree_util.tree_flatten_with_path(params)[0]
+    ]
+
+  def rest_tree(tree, params, found):
+    it = iter(found)
+
+    def leaf(_, x):
+      spec = next(it)
+      return optax.MaskedNode() if spec is None else spec.rest(x)
+
+    return jax.tree_util.tree_map_with_path(leaf, tree)
+
+  def init_fn(params):
+    found = specs(params)
+    state = stiefel.init(params)
+    if all(s is None for s in found):
+      return state
+    return FramesAndRestState(state, rest_tx.init(rest_tree(params, params, found)))
+
+  def update_fn(updates, state, params=None):
+    transforms._require_params("stiefel_adamw", params)
+    found = specs(params)
+    if all(s is None for s in found):
+      return stiefel.update(updates, state, params)
+    out, frames_state = stiefel.update(updates, state.frames, params)
+    rest_u, rest_state = rest_tx.update(
+        rest_tree(updates, params, found), state.rest, rest_tree(params, params, found)
+    )
+    it = iter(zip(found, _rest_leaves(rest_u, found)))
+
+    def leaf(_, u):
+      spec, r = next(it)
+      if spec is None:
+        return u
+      return spec.from_frames(spec.to_frames(u), u.shape, r.astype(u.dtype))
+
+    return jax.tree_util.tree_map_with_path(leaf, out), FramesAndRestState(frames_state, rest_state)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _rest_leaves(rest_tree: Any, found: list) -> list:
+  """The rest updates in leaf order, ``None`` where a parameter has no rest."""
+  leaves = iter(jax.tree.leaves(rest_tree))
+  return [None if spec is None else next(leaves) for spec in found]
+
+
 def stiefel_adamw(
     learning_rate: ScalarOrSchedule,
     weight_decay: float = 1e-4,
@@ -352,16 +427,26 @@ def stiefel_adamw(
     eps: float = 1e-8,
     stiefel: Optional[optax.GradientTransformation] = None,
     labels: Any = None,
+    frames: Optional[FramesLike] = None,
 ) -> optax.GradientTransformation:
   """One optimizer for a whole model: Stiefel frames plus AdamW for the rest.
 
   ``optax.partition`` (formerly ``optax.multi_transform``) of
 
   * ``"stiefel"``: ``stiefel`` (default :func:`riemannian_adam`, the paper's B2) on
-    the labelled frames (by default the query/key kernels found by
-    :func:`stiefax.flax.qk_labels`);
+    the labelled frames (by default the query/key weights found by
+    :func:`stiefax.flax.qk_labels`, viewed as frames by
+    :func:`stiefax.flax.qk_frames`);
   * ``"adamw"``: ``optax.adamw(learning_rate, b1, b2, eps, weight_decay)`` on every
     other parameter, with decay on tensors of rank >= 2 only.
+
+  A frame parameter whose :class:`stiefax.FrameSpec` selects only part of it (the
+  query/key slices of a fused ``qkv_einsum``, ``kv_einsum`` or ``c_attn`` weight)
+  has its other entries (the value slice) trained by the same AdamW, as a separate
+  leaf in the split layout; its state is then a :class:`FramesAndRestState`.
+
+  A label tree that selects no frame raises a ValueError naming the attention-like
+  parameters it found: the optimizer never falls back to plain AdamW silently.
 
   Weight decay is never applied to frames: its Riemannian gradient is zero
   (Proposition 8). The layout follows ``optax.contrib.muon``.
@@ -385,22 +470,46 @@ def stiefel_adamw(
     b1: AdamW's first-moment decay.
     b2: AdamW's second-moment decay.
     eps: AdamW's epsilon.
-    stiefel: the transform for the frames (default ``riemannian_adam()``).
+    stiefel: the transform for the frames (default
+      ``riemannian_adam(frames=frames)``). When you give it, give it the same
+      ``frames``.
     labels: a tree of ``"stiefel"`` / ``"adamw"`` labels matching the params, or a
       callable ``params -> labels`` (default :func:`stiefax.flax.qk_labels`).
+    frames: how each frame parameter is viewed as frames (default
+      :func:`stiefax.flax.qk_frames`, which reads each layout from its name; Dense
+      layouts need ``qk_frames(head_dim=...)``). It also decides which entries of a
+      partly selected parameter AdamW trains.
 
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
-  if stiefel is None:
-    stiefel = riemannian_adam()
-  if labels is None:
-    from stiefax.flax import qk_labels  # pylint: disable=g-import-not-at-top
+  from stiefax import flax as stiefax_flax  # pylint: disable=g-import-not-at-top
 
-    labels = qk_labels
-  euclidean = optax.adamw(
-      learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=_decay_mask
-  )
+  if labels is None:
+    labels = stiefax_flax.qk_labels
+  named = stiefax_flax.qk_frames()
+  if stiefel is None:
+    stiefel = riemannian_adam(frames=named if frames is None else frames)
+
+  def rest_spec(path, w):
+    # Without frames= and with a custom stiefel, only the fused layouts known by name
+    # are consulted (stiefel was given their FrameSpecs, or it would reject them).
+    if frames is None:
+      names = stiefax_flax.path_names(path)
+      if tuple(names[-2:]) not in stiefax_flax._FUSED:
+        return None
+    spec = checked_frames(named if frames is None else frames, path, w)
+    return None if spec.select is None else spec
+
+  def euclidean():
+    return optax.adamw(
+        learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=_decay_mask
+    )
+
   return optax.partition(
-      {STIEFEL_LABEL: stiefel, EUCLIDEAN_LABEL: euclidean}, _checked_labels(labels)
+      {
+          STIEFEL_LABEL: _frames_and_rest(stiefel, euclidean(), rest_spec),
+          EUCLIDEAN_LABEL: euclidean(),
+      },
+      _checked_labels(labels),
   )

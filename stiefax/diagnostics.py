@@ -57,6 +57,10 @@ def _labelled_leaves(params: Any, labels: Any, label: str, frames: FramesLike):
 
   ``index`` is the leaf's position in ``jax.tree.leaves(params)``.
   """
+  if frames is None:
+    from stiefax.flax import qk_frames  # pylint: disable=g-import-not-at-top
+
+    frames = qk_frames()
   flat = jax.tree_util.tree_flatten_with_path(params)[0]
   return [
       (i, p, checked_frames(frames, p, x), x)
@@ -78,7 +82,7 @@ def _wide(x: jax.Array) -> jax.Array:
 def isometry_error(
     params: Any,
     labels: Any = None,
-    frames: FramesLike = FrameSpec(),
+    frames: Optional[FramesLike] = None,
     *,
     label: str = STIEFEL_LABEL,
 ) -> jax.Array:
@@ -96,7 +100,8 @@ def isometry_error(
     params: an array or a parameter tree.
     labels: ``None`` (every leaf is a frame), a label tree or a callable
       ``params -> labels`` such as :func:`stiefax.flax.qk_labels`.
-    frames: how each leaf is viewed as frames.
+    frames: how each leaf is viewed as frames (default
+      :func:`stiefax.flax.qk_frames`, which reads the layout from the name).
     label: the label that marks frames.
 
   Returns:
@@ -405,7 +410,7 @@ def step_statistics(
     new_params: Any,
     grads: Any,
     labels: Any = None,
-    frames: FramesLike = FrameSpec(),
+    frames: Optional[FramesLike] = None,
     *,
     label: str = STIEFEL_LABEL,
     projector: str = "stiefel",
@@ -440,7 +445,8 @@ def step_statistics(
     grads: the Euclidean gradients at ``old_params`` (same structure).
     labels: ``None`` (every leaf is a frame), a label tree or a callable such as
       :func:`stiefax.flax.qk_labels`.
-    frames: how each leaf is viewed as frames.
+    frames: how each leaf is viewed as frames (default
+      :func:`stiefax.flax.qk_frames`).
     label: the label that marks frames.
     projector: ``"stiefel"`` (default), ``"grassmann"`` or ``"canonical"``: which
       tangent gradient to measure.

@@ -135,9 +135,10 @@ def _zeros_per_frame(spec: FrameSpec, w: Any, dtype) -> jax.Array:
   from sharded params is sharded along the same batch axes (heads, layers).
   """
   batch_shape = spec.batch_shape(w.shape)  # also validates the axes and r <= d
-  row, cols, _ = spec._axes(w.ndim)
-  index = tuple(0 if a == row or a in cols else slice(None) for a in range(w.ndim))
-  first = jnp.asarray(w)[index]
+  view = spec._view(jnp.asarray(w))  # w itself unless the spec splits or selects
+  row, cols, _ = spec._axes(view.ndim)
+  index = tuple(0 if a == row or a in cols else slice(None) for a in range(view.ndim))
+  first = view[index]
   assert first.shape == batch_shape, (first.shape, batch_shape)
   return jnp.zeros_like(first, dtype=dtype)
 
