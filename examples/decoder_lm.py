@@ -223,7 +223,7 @@ def main():
     key, sub = jax.random.split(key)
     params, state, loss = train_step(params, state, sub)
     if step % report_every == 0 or step == args.steps:
-      print(f"step {step:>5}  loss {float(loss):.3f}  held-out {float(evaluate(params)):.3f}"
+      print(f"step {step:>5}  loss {float(loss):.3f} nats/byte  held-out {float(evaluate(params)):.3f}"
             f" bits/byte  q/k isometry {isometry(params):.1e}", flush=True)
   v = value_slices(params)
   drift = float(jnp.max(jnp.abs(jnp.swapaxes(v, -1, -2) @ v - jnp.eye(v.shape[-1]))))

@@ -12,7 +12,9 @@ import optax
 from stiefax import geometry, transforms
 from stiefax.frames import FrameSpec, FramesLike, checked_frames
 
-__all__ = ["MOMENTS", "riemannian_adam", "riemannian_sgd", "stiefel_adamw"]
+__all__ = [
+    "MOMENTS", "FramesAndRestState", "riemannian_adam", "riemannian_sgd", "stiefel_adamw"
+]
 
 #: Second-moment rules by name (``moment=`` of :func:`riemannian_adam`).
 MOMENTS = ("scalar", "elementwise")
@@ -344,8 +346,10 @@ def _checked_labels(labels: Any) -> Callable[[Any], Any]:
 
 
 class FramesAndRestState(NamedTuple):
-  """State of the ``"stiefel"`` part of :func:`stiefel_adamw` when some frame
-  parameters are only partly frames (a fused query/key/value weight).
+  """State of the frame part of :func:`stiefel_adamw` when some frames fill part of a leaf.
+
+  Used when a frame parameter's FrameSpec selects only part of it (a fused
+  query/key/value weight); otherwise the frame part keeps the frame transform's state.
 
   Attributes:
     frames: the state of the frame transform (on the whole frame parameters).

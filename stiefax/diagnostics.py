@@ -325,7 +325,7 @@ def equivariance_violation(
     dtype: float dtype of the run.
 
   Returns:
-    A scalar: ``max_Q max_ij |W_T^(Q) - Q^T W_T|``.
+    The scalar ``max_Q max_ij |W_T^(Q) - Q^T W_T|``.
   """
   if r > d:
     raise ValueError(f"equivariance_violation: r={r} > d={d}; frames need r <= d.")
@@ -453,7 +453,7 @@ def step_statistics(
 
   Returns:
     A dict from each frame leaf's path (its :func:`stiefax.flax.path_names` joined by
-    ``"/"``; ``""`` for a bare array) to a :class:`StepStatistics`.
+      ``"/"``; ``""`` for a bare array) to a :class:`StepStatistics`.
   """
   from stiefax.flax import path_names  # pylint: disable=g-import-not-at-top
 

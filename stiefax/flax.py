@@ -58,8 +58,9 @@ def path_names(path: Sequence[Any]) -> tuple[str, ...]:
     path: a key path, as given by ``jax.tree_util.tree_map_with_path``.
 
   Returns:
-    A tuple of strings: dict keys, sequence indices and attribute names in order,
-    trailing ``value`` / ``raw_value`` attribute keys dropped.
+    The tuple of names (strings) along the path, in order (dict keys, sequence
+      indices and attribute names),
+      trailing ``value`` / ``raw_value`` attribute keys dropped.
   """
   names = []
   for k in path:
@@ -166,7 +167,6 @@ class Layout(NamedTuple):
   frames: str
 
 
-#: The layouts recognized by name (``<module>/<param>`` at the end of a path).
 LAYOUTS = (
     Layout("query", "kernel", "Flax MultiHeadDotProductAttention, nnx MultiHeadAttention",
            "(d_model, heads, head_dim)", 3, "every head"),
@@ -186,6 +186,7 @@ LAYOUTS = (
            "(d_model, 3 * heads * head_dim)", 2,
            "the q and k thirds (needs the head count); v is not"),
 )
+"""The query/key layouts recognized by name (``<module>/<param>`` ending a path)."""
 
 _LAYOUTS = {(l.module, l.param): l for l in LAYOUTS}
 _FUSED = {("kv_einsum", "w"), ("qkv_einsum", "w"), ("c_attn", "kernel")}
