@@ -11,6 +11,7 @@ from stiefax import diagnostics
 from stiefax import flax
 from stiefax import geometry
 from stiefax.alias import MOMENTS
+from stiefax.alias import FramesAndRestState
 from stiefax.alias import riemannian_adam
 from stiefax.alias import riemannian_sgd
 from stiefax.alias import stiefel_adamw
@@ -45,6 +46,7 @@ __all__ = [
     "ScalarMomentState",
     "ElementwiseMomentState",
     "PolarRetractState",
+    "FramesAndRestState",
     "riemannian_adam",
     "riemannian_sgd",
     "stiefel_adamw",

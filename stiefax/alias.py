@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from stiefax import geometry, transforms
-from stiefax.frames import FrameSpec, FramesLike, resolve_frames
+from stiefax.frames import FrameSpec, FramesLike, checked_frames
 
-__all__ = ["MOMENTS", "riemannian_adam", "riemannian_sgd", "stiefel_adamw"]
+__all__ = [
+    "MOMENTS", "FramesAndRestState", "riemannian_adam", "riemannian_sgd", "stiefel_adamw"
+]
 
 #: Second-moment rules by name (``moment=`` of :func:`riemannian_adam`).
 MOMENTS = ("scalar", "elementwise")
@@ -42,6 +44,7 @@ def riemannian_adam(
     frames: FramesLike = FrameSpec(),
     mu_dtype: Any = None,
     fused: bool = True,
+    init_tol: Optional[float] = None,
 ) -> optax.GradientTransformation:
   r"""The corrected Riemannian Adam on ``St(d, r)`` (the paper's B2; section 3.2).
 
@@ -105,6 +108,8 @@ def riemannian_adam(
     fused: compute the scalar-moment update in one pass per frame (default), or
       return the literal ``optax.chain`` of the transforms (``False``; same state,
       same result to rounding). The elementwise moment always runs as the chain.
+    init_tol: the largest ``max|W^T W - I|`` that ``init`` accepts (default
+      ``max(1e-3, 4 eps)`` of each frame's dtype; see :func:`stiefax.polar_retract`).
 
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
@@ -123,7 +128,9 @@ def riemannian_adam(
   # A static cap bounds the singular values of W + eta (Proposition 6), which fixes the
   # Newton-Schulz iteration count; a traced or absent cap iterates to convergence.
   bound = float(max_norm) if isinstance(max_norm, (int, float)) else None
-  parts.append(transforms.polar_retract(frames, polar, step_bound=bound))
+  parts.append(
+      transforms.polar_retract(frames, polar, step_bound=bound, init_tol=init_tol)
+  )
   chain = optax.chain(*parts)
   if not fused or moment != "scalar":
     return chain
@@ -179,8 +186,8 @@ def _fused_scalar_adam(
     neg_lr, states[2] = lr_tx.update(ones, states[2])
 
     def leaf(path, g, w, mu, nu, m_skipped, r_skipped, neg_lr):
-      spec = resolve_frames(frames, path, w)
-      cd = jnp.promote_types(geometry.compute_dtype(g.dtype), nu.dtype)
+      spec = checked_frames(frames, path, w)
+      cd = jnp.promote_types(transforms._compute_dtype(g, w), nu.dtype)
       wf = spec.to_frames(w).astype(cd)
       m_prev = spec.to_frames(mu).astype(cd)
       xi, m = _fused_moment(
@@ -205,7 +212,7 @@ def _fused_scalar_adam(
           wf, transforms._expand(coef) * m, polar, step_bound, sq_norm=coef * coef * m_sq
       )
       return (
-          spec.from_frames(delta, g.shape).astype(g.dtype),
+          spec.from_frames(delta, g.shape).astype(w.dtype),
           spec.from_frames(m, w.shape).astype(mu.dtype),
           jnp.where(finite, v, nu).astype(nu.dtype),
           m_skipped + (~finite).astype(jnp.int32),
@@ -229,6 +236,7 @@ def riemannian_sgd(
     projector: str = "grassmann",
     polar: str = "auto",
     frames: FramesLike = FrameSpec(),
+    init_tol: Optional[float] = None,
 ) -> optax.GradientTransformation:
   """Fixed-step Riemannian SGD on ``St(d, r)``: PA16 / B2-SGD (Bonnabel 2013).
 
@@ -249,6 +257,8 @@ def riemannian_sgd(
     projector: ``"grassmann"`` (PA16), ``"stiefel"`` or ``"canonical"``.
     polar: the retraction's method, see :func:`stiefax.polar_retract`.
     frames: how each leaf is viewed as frames.
+    init_tol: the largest ``max|W^T W - I|`` that ``init`` accepts (default
+      ``max(1e-3, 4 eps)`` of each frame's dtype).
 
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
@@ -256,7 +266,7 @@ def riemannian_sgd(
   return optax.chain(
       _projector(projector, frames),
       optax.scale_by_learning_rate(learning_rate),
-      transforms.polar_retract(frames, polar),
+      transforms.polar_retract(frames, polar, init_tol=init_tol),
   )
 
 
@@ -266,6 +276,33 @@ EUCLIDEAN_LABEL = "adamw"
 
 def _decay_mask(params):
   return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def _top_keys(tree: Any) -> Optional[tuple[str, ...]]:
+  keys = getattr(tree, "keys", None)
+  return tuple(sorted(map(str, keys()))) if callable(keys) else None
+
+
+def _structure_message(labels: Any, params: Any) -> str:
+  """Why a label tree does not match the params, with the common case spelled out."""
+  lk, pk = _top_keys(labels), _top_keys(params)
+  if pk is not None and "params" in pk and (lk is None or "params" not in lk):
+    hint = (
+        " The params have a top 'params' level that the labels lack: build the labels"
+        " from the tree you pass to tx.init (labels=stiefax.flax.qk_labels as a"
+        " callable does), or wrap them as {'params': labels}."
+    )
+  elif lk is not None and "params" in lk and (pk is None or "params" not in pk):
+    hint = (
+        " The labels have a top 'params' level that the params lack: pass"
+        " labels['params'], or build the labels from the tree you pass to tx.init."
+    )
+  else:
+    hint = " Build the labels from the same tree you pass to tx.init."
+  return (
+      f"stiefel_adamw: the label tree does not have the structure of the params"
+      f" (top-level keys {lk} vs {pk}).{hint}"
+  )
 
 
 def _checked_labels(labels: Any) -> Callable[[Any], Any]:
@@ -287,9 +324,102 @@ def _checked_labels(labels: Any) -> Callable[[Any], Any]:
           f"stiefel_adamw: the label tree has {n_labels} leaves but the params have"
           f" {n_params}; give one label per parameter (the same tree structure)."
       )
+    try:
+      jax.tree.map(lambda *_: None, tree, params)
+    except (ValueError, TypeError) as e:
+      raise ValueError(_structure_message(tree, params)) from e
+    if STIEFEL_LABEL not in found:
+      from stiefax.flax import _nothing_selected_message, attention_like  # pylint: disable=g-import-not-at-top
+
+      attention = attention_like(params)
+      why = (
+          _nothing_selected_message(attention) if attention
+          else "the params hold no attention-like parameter either."
+      )
+      raise ValueError(
+          f"stiefel_adamw: no parameter is labelled {STIEFEL_LABEL!r}, so every"
+          " parameter would train as plain AdamW (use optax.adamw for that); " + why
+      )
     return tree
 
   return fn
+
+
+class FramesAndRestState(NamedTuple):
+  """State of the frame part of :func:`stiefel_adamw` when some frames fill part of a leaf.
+
+  Used when a frame parameter's FrameSpec selects only part of it (a fused
+  query/key/value weight); otherwise the frame part keeps the frame transform's state.
+
+  Attributes:
+    frames: the state of the frame transform (on the whole frame parameters).
+    rest: the AdamW state of their entries outside the frames (the value slices).
+  """
+
+  frames: Any
+  rest: Any
+
+
+def _frames_and_rest(
+    stiefel: optax.GradientTransformation,
+    rest_tx: optax.GradientTransformation,
+    rest_spec: Callable[[Any, Any], Optional[FrameSpec]],
+) -> optax.GradientTransformation:
+  """``stiefel`` on the frame parameters, ``rest_tx`` on their unselected entries.
+
+  ``rest_spec(path, param)`` is the FrameSpec of a parameter whose spec selects part
+  of it (``None`` otherwise). ``stiefel`` leaves those entries unchanged (a zero
+  update), and ``rest_tx`` updates them as a separate leaf in the split layout. Without
+  such parameters the state is ``stiefel``'s own.
+  """
+
+  def specs(params):
+    return [
+        rest_spec(p, w) for p, w in jax.tree_util.tree_flatten_with_path(params)[0]
+    ]
+
+  def rest_tree(tree, params, found):
+    it = iter(found)
+
+    def leaf(_, x):
+      spec = next(it)
+      return optax.MaskedNode() if spec is None else spec.rest(x)
+
+    return jax.tree_util.tree_map_with_path(leaf, tree)
+
+  def init_fn(params):
+    found = specs(params)
+    state = stiefel.init(params)
+    if all(s is None for s in found):
+      return state
+    return FramesAndRestState(state, rest_tx.init(rest_tree(params, params, found)))
+
+  def update_fn(updates, state, params=None):
+    transforms._require_params("stiefel_adamw", params)
+    found = specs(params)
+    if all(s is None for s in found):
+      return stiefel.update(updates, state, params)
+    out, frames_state = stiefel.update(updates, state.frames, params)
+    rest_u, rest_state = rest_tx.update(
+        rest_tree(updates, params, found), state.rest, rest_tree(params, params, found)
+    )
+    it = iter(zip(found, _rest_leaves(rest_u, found)))
+
+    def leaf(_, u):
+      spec, r = next(it)
+      if spec is None:
+        return u
+      return spec.from_frames(spec.to_frames(u), u.shape, r.astype(u.dtype))
+
+    return jax.tree_util.tree_map_with_path(leaf, out), FramesAndRestState(frames_state, rest_state)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _rest_leaves(rest_tree: Any, found: list) -> list:
+  """The rest updates in leaf order, ``None`` where a parameter has no rest."""
+  leaves = iter(jax.tree.leaves(rest_tree))
+  return [None if spec is None else next(leaves) for spec in found]
 
 
 def stiefel_adamw(
@@ -301,16 +431,26 @@ def stiefel_adamw(
     eps: float = 1e-8,
     stiefel: Optional[optax.GradientTransformation] = None,
     labels: Any = None,
+    frames: Optional[FramesLike] = None,
 ) -> optax.GradientTransformation:
   """One optimizer for a whole model: Stiefel frames plus AdamW for the rest.
 
   ``optax.partition`` (formerly ``optax.multi_transform``) of
 
   * ``"stiefel"``: ``stiefel`` (default :func:`riemannian_adam`, the paper's B2) on
-    the labelled frames (by default the query/key kernels found by
-    :func:`stiefax.flax.qk_labels`);
+    the labelled frames (by default the query/key weights found by
+    :func:`stiefax.flax.qk_labels`, viewed as frames by
+    :func:`stiefax.flax.qk_frames`);
   * ``"adamw"``: ``optax.adamw(learning_rate, b1, b2, eps, weight_decay)`` on every
     other parameter, with decay on tensors of rank >= 2 only.
+
+  A frame parameter whose :class:`stiefax.FrameSpec` selects only part of it (the
+  query/key slices of a fused ``qkv_einsum``, ``kv_einsum`` or ``c_attn`` weight)
+  has its other entries (the value slice) trained by the same AdamW, as a separate
+  leaf in the split layout; its state is then a :class:`FramesAndRestState`.
+
+  A label tree that selects no frame raises a ValueError naming the attention-like
+  parameters it found: the optimizer never falls back to plain AdamW silently.
 
   Weight decay is never applied to frames: its Riemannian gradient is zero
   (Proposition 8). The layout follows ``optax.contrib.muon``.
@@ -334,22 +474,46 @@ def stiefel_adamw(
     b1: AdamW's first-moment decay.
     b2: AdamW's second-moment decay.
     eps: AdamW's epsilon.
-    stiefel: the transform for the frames (default ``riemannian_adam()``).
+    stiefel: the transform for the frames (default
+      ``riemannian_adam(frames=frames)``). When you give it, give it the same
+      ``frames``.
     labels: a tree of ``"stiefel"`` / ``"adamw"`` labels matching the params, or a
       callable ``params -> labels`` (default :func:`stiefax.flax.qk_labels`).
+    frames: how each frame parameter is viewed as frames (default
+      :func:`stiefax.flax.qk_frames`, which reads each layout from its name; Dense
+      layouts need ``qk_frames(head_dim=...)``). It also decides which entries of a
+      partly selected parameter AdamW trains.
 
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
-  if stiefel is None:
-    stiefel = riemannian_adam()
-  if labels is None:
-    from stiefax.flax import qk_labels  # pylint: disable=g-import-not-at-top
+  from stiefax import flax as stiefax_flax  # pylint: disable=g-import-not-at-top
 
-    labels = qk_labels
-  euclidean = optax.adamw(
-      learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=_decay_mask
-  )
+  if labels is None:
+    labels = stiefax_flax.qk_labels
+  named = stiefax_flax.qk_frames()
+  if stiefel is None:
+    stiefel = riemannian_adam(frames=named if frames is None else frames)
+
+  def rest_spec(path, w):
+    # Without frames= and with a custom stiefel, only the fused layouts known by name
+    # are consulted (stiefel was given their FrameSpecs, or it would reject them).
+    if frames is None:
+      names = stiefax_flax.path_names(path)
+      if tuple(names[-2:]) not in stiefax_flax._FUSED:
+        return None
+    spec = checked_frames(named if frames is None else frames, path, w)
+    return None if spec.select is None else spec
+
+  def euclidean():
+    return optax.adamw(
+        learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=_decay_mask
+    )
+
   return optax.partition(
-      {STIEFEL_LABEL: stiefel, EUCLIDEAN_LABEL: euclidean}, _checked_labels(labels)
+      {
+          STIEFEL_LABEL: _frames_and_rest(stiefel, euclidean(), rest_spec),
+          EUCLIDEAN_LABEL: euclidean(),
+      },
+      _checked_labels(labels),
   )

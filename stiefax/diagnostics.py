@@ -34,7 +34,7 @@ from stiefax.covariance import (
     effective_learning_rate,
     update_summary,
 )
-from stiefax.frames import FrameSpec, FramesLike, resolve_frames
+from stiefax.frames import FrameSpec, FramesLike, checked_frames, resolve_frames
 
 __all__ = [
     "isometry_error",
@@ -57,9 +57,13 @@ def _labelled_leaves(params: Any, labels: Any, label: str, frames: FramesLike):
 
   ``index`` is the leaf's position in ``jax.tree.leaves(params)``.
   """
+  if frames is None:
+    from stiefax.flax import qk_frames  # pylint: disable=g-import-not-at-top
+
+    frames = qk_frames()
   flat = jax.tree_util.tree_flatten_with_path(params)[0]
   return [
-      (i, p, resolve_frames(frames, p, x), x)
+      (i, p, checked_frames(frames, p, x), x)
       for i, ((p, x), keep) in enumerate(zip(flat, covariance._selected(labels, label, params)))
       if keep
   ]
@@ -78,13 +82,14 @@ def _wide(x: jax.Array) -> jax.Array:
 def isometry_error(
     params: Any,
     labels: Any = None,
-    frames: FramesLike = FrameSpec(),
+    frames: Optional[FramesLike] = None,
     *,
     label: str = STIEFEL_LABEL,
 ) -> jax.Array:
   """``max |W^T W - I|`` over every frame (the paper's isometry error).
 
-  Computed in float32 or wider. Zero frames (none labelled) give 0.
+  Computed in float32 or wider. A tree with no labelled frame raises a ValueError
+  (it never reports 0.0 for nothing measured).
 
   Example:
     >>> import jax.numpy as jnp, stiefax
@@ -95,7 +100,8 @@ def isometry_error(
     params: an array or a parameter tree.
     labels: ``None`` (every leaf is a frame), a label tree or a callable
       ``params -> labels`` such as :func:`stiefax.flax.qk_labels`.
-    frames: how each leaf is viewed as frames.
+    frames: how each leaf is viewed as frames (default
+      :func:`stiefax.flax.qk_frames`, which reads the layout from the name).
     label: the label that marks frames.
 
   Returns:
@@ -107,7 +113,11 @@ def isometry_error(
       for spec, x in _frame_leaves(params, labels, label, frames)
   ]
   if not errs:
-    return jnp.zeros([], jnp.float32)
+    raise ValueError(
+        f"isometry_error: no leaf of the params is labelled {label!r}, so there is no"
+        " frame to measure (an error of 0.0 would look like success). Check the"
+        " labels (stiefax.flax.qk_labels(params) shows which leaves are frames)."
+    )
   return jnp.max(jnp.stack([e.astype(jnp.float32) for e in errs]))
 
 
@@ -315,7 +325,7 @@ def equivariance_violation(
     dtype: float dtype of the run.
 
   Returns:
-    A scalar: ``max_Q max_ij |W_T^(Q) - Q^T W_T|``.
+    The scalar ``max_Q max_ij |W_T^(Q) - Q^T W_T|``.
   """
   if r > d:
     raise ValueError(f"equivariance_violation: r={r} > d={d}; frames need r <= d.")
@@ -400,7 +410,7 @@ def step_statistics(
     new_params: Any,
     grads: Any,
     labels: Any = None,
-    frames: FramesLike = FrameSpec(),
+    frames: Optional[FramesLike] = None,
     *,
     label: str = STIEFEL_LABEL,
     projector: str = "stiefel",
@@ -435,14 +445,15 @@ def step_statistics(
     grads: the Euclidean gradients at ``old_params`` (same structure).
     labels: ``None`` (every leaf is a frame), a label tree or a callable such as
       :func:`stiefax.flax.qk_labels`.
-    frames: how each leaf is viewed as frames.
+    frames: how each leaf is viewed as frames (default
+      :func:`stiefax.flax.qk_frames`).
     label: the label that marks frames.
     projector: ``"stiefel"`` (default), ``"grassmann"`` or ``"canonical"``: which
       tangent gradient to measure.
 
   Returns:
     A dict from each frame leaf's path (its :func:`stiefax.flax.path_names` joined by
-    ``"/"``; ``""`` for a bare array) to a :class:`StepStatistics`.
+      ``"/"``; ``""`` for a bare array) to a :class:`StepStatistics`.
   """
   from stiefax.flax import path_names  # pylint: disable=g-import-not-at-top
 

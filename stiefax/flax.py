@@ -14,17 +14,22 @@ The three-line drop-in (linen params or ``nnx.Optimizer(model, tx, wrt=nnx.Param
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import re
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 
 from stiefax import geometry
 from stiefax.alias import EUCLIDEAN_LABEL, STIEFEL_LABEL
-from stiefax.frames import FrameSpec, FramesLike, resolve_frames
+from stiefax.frames import FrameSpec, FramesLike, checked_frames
 
 __all__ = [
+    "LAYOUTS",
+    "Layout",
     "qk_labels",
+    "qk_frames",
+    "attention_like",
     "orthonormal_init",
     "project_params",
     "orthogonality_penalty",
@@ -53,8 +58,9 @@ def path_names(path: Sequence[Any]) -> tuple[str, ...]:
     path: a key path, as given by ``jax.tree_util.tree_map_with_path``.
 
   Returns:
-    A tuple of strings: dict keys, sequence indices and attribute names in order,
-    trailing ``value`` / ``raw_value`` attribute keys dropped.
+    The tuple of names (strings) along the path, in order (dict keys, sequence
+      indices and attribute names),
+      trailing ``value`` / ``raw_value`` attribute keys dropped.
   """
   names = []
   for k in path:
@@ -73,21 +79,245 @@ def path_names(path: Sequence[Any]) -> tuple[str, ...]:
   return tuple(names)
 
 
+# Lower-case name tokens that mark a parameter as part of an attention layer.
+_ATTENTION_TOKENS = frozenset(
+    {"q", "k", "wq", "wk", "qk", "qkv", "kv", "query", "key", "queries", "keys"}
+)
+_ATTENTION_WORDS = ("attn", "attention")
+
+
+def _looks_like_attention(names: Sequence[str]) -> bool:
+  for name in names:
+    low = name.lower()
+    if any(w in low for w in _ATTENTION_WORDS):
+      return True
+    if _ATTENTION_TOKENS.intersection(re.split(r"[^a-z]+", low)):
+      return True
+  return False
+
+
+def attention_like(params: Any) -> list[tuple[str, tuple[int, ...]]]:
+  """``(path, shape)`` of every matrix-shaped leaf whose path looks like attention.
+
+  A leaf of rank >= 2 is attention-like when an entry of its path contains ``attn`` or
+  ``attention``, or has a name token (split at non-letters) such as ``q``, ``k``,
+  ``wq``, ``query``, ``key``, ``qkv`` or ``kv``. :func:`qk_labels` and
+  :func:`stiefax.stiefel_adamw` use it to refuse a model whose attention they would
+  otherwise silently train as plain AdamW.
+
+  Example:
+    >>> import jax.numpy as jnp, stiefax
+    >>> params = {"attn": {"q_lin": {"w": jnp.zeros((8, 8))}}, "mlp": {"w": jnp.zeros((8, 8))}}
+    >>> stiefax.flax.attention_like(params)
+    [('attn/q_lin/w', (8, 8))]
+
+  Args:
+    params: a parameter tree.
+
+  Returns:
+    A list of ``(path, shape)``, the path's names joined by ``/``.
+  """
+  out = []
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    names = path_names(path)
+    if jnp.ndim(leaf) >= 2 and _looks_like_attention(names):
+      out.append(("/".join(names), tuple(jnp.shape(leaf))))
+  return out
+
+
+def _nothing_selected_message(found: Sequence[tuple[str, tuple[int, ...]]]) -> str:
+  """How to select frames, given the attention-like leaves that were found."""
+  shown = ", ".join(f"{p} {s}" for p, s in found[:6])
+  more = f" (and {len(found) - 6} more)" if len(found) > 6 else ""
+  modules = []
+  for p, _ in found:
+    names = p.split("/")
+    if len(names) >= 2 and names[-1] == "kernel" and names[-2] not in modules:
+      modules.append(names[-2])
+  hint = (
+      f" If {tuple(modules[:4])} hold queries and keys of shape (d_model, heads,"
+      f" head_dim), select them with labels=lambda p: stiefax.flax.qk_labels(p,"
+      f" modules={tuple(m for m in modules[:4])}); otherwise"
+      if modules else " Select the query/key kernels with"
+  )
+  return (
+      f"it found attention-like parameters: {shown}{more}.{hint} a labels= tree or"
+      " callable marking them 'stiefel' (with frames= for their layout; see the"
+      " docs page 'Use it with your model')."
+  )
+
+
+class Layout(NamedTuple):
+  """One query/key weight layout that :func:`qk_labels` and :func:`qk_frames` know.
+
+  Attributes:
+    module: the module name, the path entry before ``param``.
+    param: the parameter name, the last path entry.
+    family: the model code that stores its weights this way.
+    shape: the weight's shape, in words.
+    rank: the weight's rank.
+    frames: which slices are frames; the rest of the weight is not.
+  """
+
+  module: str
+  param: str
+  family: str
+  shape: str
+  rank: int
+  frames: str
+
+
+LAYOUTS = (
+    Layout("query", "kernel", "Flax MultiHeadDotProductAttention, nnx MultiHeadAttention",
+           "(d_model, heads, head_dim)", 3, "every head"),
+    Layout("key", "kernel", "Flax MultiHeadDotProductAttention, nnx MultiHeadAttention",
+           "(d_model, heads, head_dim)", 3, "every head"),
+    Layout("q_einsum", "w", "Gemma (heads-first einsum weights)",
+           "(heads, d_model, head_dim)", 3, "every head"),
+    Layout("kv_einsum", "w", "Gemma with grouped-query attention",
+           "(2, kv_heads, d_model, head_dim)", 4, "the k slice [0]; v [1] is not"),
+    Layout("qkv_einsum", "w", "Gemma with as many kv heads as heads",
+           "(3, heads, d_model, head_dim)", 4, "the q and k slices [0, 1]; v [2] is not"),
+    Layout("q_proj", "kernel", "Llama-style separate Dense projections",
+           "(d_model, heads * head_dim)", 2, "every head (needs the head count)"),
+    Layout("k_proj", "kernel", "Llama-style separate Dense projections",
+           "(d_model, kv_heads * head_dim)", 2, "every head (needs the head count)"),
+    Layout("c_attn", "kernel", "GPT-2-style fused Dense projection",
+           "(d_model, 3 * heads * head_dim)", 2,
+           "the q and k thirds (needs the head count); v is not"),
+)
+"""The query/key layouts recognized by name (``<module>/<param>`` ending a path)."""
+
+_LAYOUTS = {(l.module, l.param): l for l in LAYOUTS}
+_FUSED = {("kv_einsum", "w"), ("qkv_einsum", "w"), ("c_attn", "kernel")}
+
+
+def _layout_of(names: Sequence[str]):
+  return _LAYOUTS.get(tuple(names[-2:])) if len(names) >= 2 else None
+
+
+def qk_frames(
+    *,
+    num_heads: Optional[int] = None,
+    num_kv_heads: Optional[int] = None,
+    head_dim: Optional[int] = None,
+) -> Callable[[Any, Any], FrameSpec]:
+  """The :class:`stiefax.FrameSpec` of each query/key weight, read from its name.
+
+  A ``frames=`` callable ``(path, leaf) -> FrameSpec`` for the layouts in
+  :data:`LAYOUTS` (one frame per head; value slices of fused weights are not
+  frames), and ``FrameSpec()`` for any other path:
+
+  | path ends in | shape | FrameSpec |
+  |---|---|---|
+  | ``query/kernel``, ``key/kernel`` | ``(d, H, r)`` | ``FrameSpec()`` |
+  | ``q_einsum/w`` | ``(H, d, r)`` | ``FrameSpec(row_axis=1)`` |
+  | ``kv_einsum/w`` | ``(2, K, d, r)`` | ``FrameSpec(row_axis=2, select=(0, (0,)))`` |
+  | ``qkv_einsum/w`` | ``(3, H, d, r)`` | ``FrameSpec(row_axis=2, select=(0, (0, 1)))`` |
+  | ``q_proj/kernel`` | ``(d, H r)`` | ``FrameSpec(split=(1, (H, -1)))`` |
+  | ``k_proj/kernel`` | ``(d, K r)`` | ``FrameSpec(split=(1, (K, -1)))`` |
+  | ``c_attn/kernel`` | ``(d, 3 H r)`` | ``FrameSpec(split=(1, (3, H, -1)), select=(1, (0, 1)))`` |
+
+  The Dense layouts (``q_proj``, ``k_proj``, ``c_attn``) do not show their head count
+  in their shape: give ``head_dim`` (one number for queries and keys, with or without
+  grouped-query attention), or ``num_heads`` and, for ``k_proj``, ``num_kv_heads``.
+  Without them those leaves raise a ValueError: the head count is never guessed.
+  A recognized name with another rank (e.g. layer-stacked) raises too; give such
+  weights your own ``FrameSpec``.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, stiefax
+    >>> frames = stiefax.flax.qk_frames(head_dim=16)
+    >>> path = (jax.tree_util.DictKey("c_attn"), jax.tree_util.DictKey("kernel"))
+    >>> frames(path, jnp.zeros((128, 3 * 128)))
+    FrameSpec(row_axis=0, col_axes=(-1,), split=(1, (3, -1, 16)), select=(1, (0, 1)))
+
+  Args:
+    num_heads: query heads (``q_proj``, ``c_attn``).
+    num_kv_heads: key/value heads (``k_proj``).
+    head_dim: columns per head (all Dense layouts); overrides the head counts.
+
+  Returns:
+    A callable ``(path, leaf) -> FrameSpec`` to pass as ``frames=``.
+  """
+  for name, value in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
+                      ("head_dim", head_dim)):
+    if value is not None and (not isinstance(value, int) or value < 1):
+      raise ValueError(f"qk_frames: {name} must be a positive int, got {value!r}.")
+
+  def heads_split(layout, path, leaf, count, count_name):
+    if head_dim is not None:
+      return (-1, head_dim)
+    if count is None:
+      raise ValueError(
+          f"The parameter at {_where(path)} (shape {tuple(jnp.shape(leaf))}) has the"
+          f" layout {layout.shape} of {layout.family}: its head count cannot be"
+          " read from its shape. Pass"
+          f" frames=stiefax.flax.qk_frames(head_dim=...) (or {count_name}=...) to"
+          " stiefel_adamw, project_params and isometry_error."
+      )
+    return (count, -1)
+
+  def frames(path, leaf):
+    names = path_names(path)
+    layout = _layout_of(names)
+    if layout is None:
+      return FrameSpec()
+    key = (layout.module, layout.param)
+    if jnp.ndim(leaf) != layout.rank:
+      raise ValueError(
+          f"The parameter at {_where(path)} is named like a weight of {layout.family},"
+          f" {layout.shape}, but has shape {tuple(jnp.shape(leaf))}. Give its layout"
+          " with frames=stiefax.FrameSpec(...) (or a callable choosing one per path)."
+      )
+    if key in {("query", "kernel"), ("key", "kernel")}:
+      return FrameSpec()
+    if key == ("q_einsum", "w"):
+      return FrameSpec(row_axis=1)
+    if key == ("kv_einsum", "w"):
+      return FrameSpec(row_axis=2, select=(0, (0,)))
+    if key == ("qkv_einsum", "w"):
+      return FrameSpec(row_axis=2, select=(0, (0, 1)))
+    if key == ("q_proj", "kernel"):
+      return FrameSpec(split=(1, heads_split(layout, path, leaf, num_heads, "num_heads")))
+    if key == ("k_proj", "kernel"):
+      return FrameSpec(split=(1, heads_split(layout, path, leaf, num_kv_heads, "num_kv_heads")))
+    return FrameSpec(  # c_attn
+        split=(1, (3,) + heads_split(layout, path, leaf, num_heads, "num_heads")),
+        select=(1, (0, 1)),
+    )
+
+  return frames
+
+
+def _where(path: Any) -> str:
+  return "/".join(path_names(path)) or "<root>"
+
+
 def qk_labels(
     params: Any,
     *,
-    modules: Sequence[str] = ("query", "key"),
+    modules: Optional[Sequence[str]] = None,
     stiefel_label: str = STIEFEL_LABEL,
     other_label: str = EUCLIDEAN_LABEL,
 ) -> Any:
-  """Labels the query/key kernels ``stiefel`` and every other leaf ``adamw``.
+  """Labels the query/key weights ``stiefel`` and every other leaf ``adamw``.
 
-  A leaf is a frame when its path ends in ``<module>/kernel`` for a module name in
-  ``modules`` (matched on whole path entries, so ``value/kernel``, ``key/bias`` and
-  ``my_query/kernel`` stay Euclidean). Works for linen variable dicts, nnx ``State``
-  of Variables (``init``) and of plain arrays (``update``), and any model that names
-  its projections the same way. Pass it itself as ``labels=`` to
-  :func:`stiefax.stiefel_adamw` (it is the default there).
+  By default a leaf is a frame when its path ends in one of the layouts of
+  :data:`LAYOUTS`: ``query/kernel``, ``key/kernel`` (Flax attention),
+  ``q_einsum/w``, ``kv_einsum/w``, ``qkv_einsum/w`` (Gemma), ``q_proj/kernel``,
+  ``k_proj/kernel`` (Llama-style) or ``c_attn/kernel`` (GPT-2-style); fused weights
+  are labelled whole, and :func:`qk_frames` (the default ``frames`` of
+  :func:`stiefax.stiefel_adamw`) selects their query/key slices. With ``modules``
+  a leaf is a frame when its path ends in ``<module>/kernel`` for a name in
+  ``modules``. Names match whole path entries, so ``value/kernel``, ``key/bias`` and
+  ``my_query/kernel`` stay Euclidean. Works for linen variable dicts, nnx ``State``
+  of Variables (``init``) and of plain arrays (``update``). Pass it itself as
+  ``labels=`` to :func:`stiefax.stiefel_adamw` (it is the default there).
+
+  A tree in which nothing is selected but some parameters look like attention (see
+  :func:`attention_like`) raises a ValueError that lists them: a model is never
+  trained as plain AdamW by accident.
 
   Example:
     >>> import jax, jax.numpy as jnp, flax.linen as nn, stiefax
@@ -99,21 +329,43 @@ def qk_labels(
 
   Args:
     params: a parameter tree.
-    modules: module names whose ``kernel`` is a frame.
+    modules: ``None`` (the known layouts), or module names whose ``kernel`` is a
+      frame.
     stiefel_label: label for frames.
     other_label: label for everything else.
 
   Returns:
     A tree of labels with the structure of ``params``.
+
+  Raises:
+    ValueError: if no leaf is selected and some look like attention.
   """
-  modules = tuple(modules)
+  if modules is not None:
+    modules = (modules,) if isinstance(modules, str) else tuple(modules)
+
+  def is_frame(names):
+    if len(names) < 2:
+      return False
+    if modules is None:
+      return _layout_of(names) is not None
+    return names[-1] == "kernel" and names[-2] in modules
 
   def label(path, _):
-    names = path_names(path)
-    is_frame = len(names) >= 2 and names[-1] == "kernel" and names[-2] in modules
-    return stiefel_label if is_frame else other_label
+    return stiefel_label if is_frame(path_names(path)) else other_label
 
-  return jax.tree_util.tree_map_with_path(label, params)
+  labels = jax.tree_util.tree_map_with_path(label, params)
+  if stiefel_label not in jax.tree.leaves(labels):
+    found = attention_like(params)
+    if found:
+      rule = (
+          "one of " + ", ".join(f"{l.module}/{l.param}" for l in LAYOUTS)
+          if modules is None else f"<module>/kernel for a module in {modules}"
+      )
+      raise ValueError(
+          f"qk_labels(modules={modules}) selects no frame (no path ends in {rule}),"
+          " but " + _nothing_selected_message(found)
+      )
+  return labels
 
 
 def _labels_tree(params: Any, labels: Any) -> Any:
@@ -122,13 +374,16 @@ def _labels_tree(params: Any, labels: Any) -> Any:
   return labels(params) if callable(labels) else labels
 
 
-def _map_labelled(fn: Callable, params: Any, labels: Any, label: str, frames: FramesLike):
+def _map_labelled(
+    fn: Callable, params: Any, labels: Any, label: str, frames: Optional[FramesLike]
+):
   tree = _labels_tree(params, labels)
+  frames = qk_frames() if frames is None else frames
 
   def leaf(path, lab, w):
     if lab != label:
       return None
-    return fn(resolve_frames(frames, path, w), w)
+    return fn(checked_frames(frames, path, w), w)
 
   return jax.tree_util.tree_map_with_path(leaf, tree, params)
 
@@ -157,14 +412,19 @@ def orthonormal_init(frames: FrameSpec = FrameSpec()) -> Callable[..., jax.Array
   if not isinstance(frames, FrameSpec):
     raise ValueError(f"orthonormal_init needs a stiefax.FrameSpec, got {frames!r}.")
 
+  # With ``select`` every slice is drawn orthonormal, the unselected ones too.
+  whole = FrameSpec(frames.row_axis, frames.col_axes)
+
   def init(key, shape, dtype=jnp.float32):
-    batch_shape, d, r = frames.frame_shape(shape)
+    frames.frame_shape(shape)  # validates the spec for this shape
+    split_shape = frames._split_shape(shape)
+    batch_shape, d, r = whole.frame_shape(split_shape)
     cd = jnp.promote_types(geometry.compute_dtype(dtype), jnp.float32)
     a = jax.random.normal(key, batch_shape + (d, r), cd)
     q, rr = jnp.linalg.qr(a)
     signs = jnp.where(jnp.diagonal(rr, axis1=-2, axis2=-1) < 0, -1, 1).astype(cd)
     q = q * signs[..., None, :]
-    return frames.from_frames(q, shape).astype(dtype)
+    return whole.from_frames(q, split_shape).reshape(shape).astype(dtype)
 
   return init
 
@@ -172,7 +432,7 @@ def orthonormal_init(frames: FrameSpec = FrameSpec()) -> Callable[..., jax.Array
 def project_params(
     params: Any,
     labels: Any = None,
-    frames: FramesLike = FrameSpec(),
+    frames: Optional[FramesLike] = None,
     *,
     label: str = STIEFEL_LABEL,
     method: str = "svd",
@@ -194,7 +454,8 @@ def project_params(
     params: a parameter tree.
     labels: a label tree or a callable ``params -> labels`` (default
       :func:`qk_labels`).
-    frames: how each labelled leaf is viewed as frames.
+    frames: how each labelled leaf is viewed as frames (default :func:`qk_frames`,
+      which reads the layout from the name).
     label: the label that marks frames.
     method: the polar method (default ``"svd"``: exact for any full-rank input).
 
@@ -203,7 +464,8 @@ def project_params(
   """
 
   def snap(spec, w):
-    return spec.from_frames(geometry.polar(spec.to_frames(w), method), w.shape)
+    rest = None if spec.select is None else spec.rest(w)  # kept bit for bit
+    return spec.from_frames(geometry.polar(spec.to_frames(w), method), w.shape, rest)
 
   snapped = _map_labelled(snap, params, labels, label, frames)
   return jax.tree.map(
@@ -214,7 +476,7 @@ def project_params(
 def orthogonality_penalty(
     params: Any,
     labels: Any = None,
-    frames: FramesLike = FrameSpec(),
+    frames: Optional[FramesLike] = None,
     *,
     label: str = STIEFEL_LABEL,
 ) -> jax.Array:
@@ -233,7 +495,8 @@ def orthogonality_penalty(
   Args:
     params: a parameter tree.
     labels: a label tree or a callable (default :func:`qk_labels`).
-    frames: how each labelled leaf is viewed as frames.
+    frames: how each labelled leaf is viewed as frames (default :func:`qk_frames`,
+      which reads the layout from the name).
     label: the label that marks frames.
 
   Returns:

@@ -205,7 +205,8 @@ def compute_dtype(dtype) -> jnp.dtype:
     dtype: the parameters' dtype.
 
   Returns:
-    A ``numpy`` dtype: ``float32`` for ``float16`` / ``bfloat16``, else ``dtype``.
+    The ``numpy`` dtype, ``float32`` for ``float16`` / ``bfloat16`` and ``dtype``
+      otherwise.
   """
   dtype = jnp.dtype(dtype)
   if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:

@@ -73,6 +73,11 @@ def frame_axes(spec: FrameSpec, shape: Sequence[int]) -> tuple[int, ...]:
   Raises:
     ValueError: if ``spec`` names an axis the shape does not have.
   """
+  if spec.split is not None or spec.select is not None:
+    raise ValueError(
+        f"{spec} splits or selects part of a parameter; the sphere transforms take"
+        " whole parameters (give a FrameSpec without split or select)."
+    )
   ndim = len(shape)
   if ndim <= 1:
     return tuple(range(ndim))

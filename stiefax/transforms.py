@@ -39,7 +39,7 @@ import optax
 from optax import tree_utils as otu
 
 from stiefax import geometry
-from stiefax.frames import FrameSpec, FramesLike, resolve_frames
+from stiefax.frames import FrameSpec, FramesLike, checked_frames
 
 __all__ = [
     "PROJECTORS",
@@ -66,14 +66,27 @@ _PARAMS_REQUIRED = (
 )
 
 _OFF_MANIFOLD = (
-    "stiefax.polar_retract.init: the parameter at {path} (shape {shape}) is not on the"
-    " Stiefel manifold: max|W^T W - I| = {err:.3g} > {tol:g}. Initialize it with"
+    "stiefax.polar_retract.init: the parameter at {path} (shape {shape}, {dtype}) is not"
+    " on the Stiefel manifold: max|W^T W - I| = {err:.3g} > {tol:.3g}. Initialize it with"
     " stiefax.flax.orthonormal_init(...) or snap pretrained weights with"
     " stiefax.flax.project_params(params, labels) before building the optimizer state."
 )
 
-# ``max|W^T W - I|`` above which ``polar_retract.init`` rejects a concrete parameter.
+# ``max|W^T W - I|`` above which ``polar_retract.init`` rejects a concrete float32 or
+# float64 parameter (the floor of :func:`_init_tolerance`).
 OFF_MANIFOLD_TOL = 1e-3
+
+
+def _init_tolerance(dtype) -> float:
+  """``max(1e-3, 4 eps(dtype))``: the init check's default tolerance for a dtype.
+
+  Rounding an exactly orthonormal frame entrywise to unit roundoff ``u = eps / 2``
+  moves each entry of ``W^T W`` by at most ``2u + u^2`` (Cauchy-Schwarz on unit
+  columns), about ``eps``; the factor 4 leaves room for the roundings of training.
+  bfloat16: 0.031, float16: 0.0039, float32 and float64: 1e-3.
+  """
+  eps = float(jnp.finfo(dtype).eps)
+  return max(OFF_MANIFOLD_TOL, 4.0 * eps)
 
 
 def _require_params(name: str, params: Any) -> None:
@@ -101,6 +114,11 @@ def _per_leaf(fn: Callable[..., Any], n_out: int, tree: Any, *rest: Any):
   return tuple(treedef.unflatten([o[i] for o in flat]) for i in range(n_out))
 
 
+def _compute_dtype(u: Any, w: Any) -> jnp.dtype:
+  """The dtype a frame's update is computed in: float32 or the wider of ``u`` and ``w``."""
+  return geometry.compute_dtype(jnp.promote_types(u.dtype, w.dtype))
+
+
 def _expand(mask: jax.Array) -> jax.Array:
   return mask[..., None, None]
 
@@ -117,9 +135,10 @@ def _zeros_per_frame(spec: FrameSpec, w: Any, dtype) -> jax.Array:
   from sharded params is sharded along the same batch axes (heads, layers).
   """
   batch_shape = spec.batch_shape(w.shape)  # also validates the axes and r <= d
-  row, cols, _ = spec._axes(w.ndim)
-  index = tuple(0 if a == row or a in cols else slice(None) for a in range(w.ndim))
-  first = jnp.asarray(w)[index]
+  view = spec._view(jnp.asarray(w))  # w itself unless the spec splits or selects
+  row, cols, _ = spec._axes(view.ndim)
+  index = tuple(0 if a == row or a in cols else slice(None) for a in range(view.ndim))
+  first = view[index]
   assert first.shape == batch_shape, (first.shape, batch_shape)
   return jnp.zeros_like(first, dtype=dtype)
 
@@ -138,10 +157,10 @@ def _projection(name: str, fn, frames: FramesLike) -> optax.GradientTransformati
     _require_params(name, params)
 
     def leaf(path, u, w):
-      spec = resolve_frames(frames, path, w)
-      cd = geometry.compute_dtype(u.dtype)
+      spec = checked_frames(frames, path, w)
+      cd = _compute_dtype(u, w)
       out = fn(spec.to_frames(w).astype(cd), spec.to_frames(u).astype(cd))
-      return spec.from_frames(out, u.shape).astype(u.dtype)
+      return spec.from_frames(out, u.shape).astype(w.dtype)
 
     return jax.tree_util.tree_map_with_path(leaf, updates, params), state
 
@@ -272,7 +291,7 @@ def _moment(
 
   def init_fn(params):
     def leaf(path, w):
-      spec = resolve_frames(frames, path, w)
+      spec = checked_frames(frames, path, w)
       nu_dtype = jnp.promote_types(geometry.compute_dtype(w.dtype), jnp.float32)
       # zeros_like: a state built from sharded params is sharded like them.
       mu = jnp.zeros_like(w, dtype=mu_dtype or w.dtype)
@@ -288,8 +307,8 @@ def _moment(
     count = optax.safe_increment(state.count)
 
     def leaf(path, u, w, mu, nu, skipped):
-      spec = resolve_frames(frames, path, w)
-      cd = jnp.promote_types(geometry.compute_dtype(u.dtype), nu.dtype)
+      spec = checked_frames(frames, path, w)
+      cd = jnp.promote_types(_compute_dtype(u, w), nu.dtype)
       wf = spec.to_frames(w).astype(cd)
       xi = spec.to_frames(u).astype(cd)
       m_prev = spec.to_frames(mu).astype(cd)
@@ -319,7 +338,7 @@ def _moment(
       v = jnp.where(_expand(finite) if elementwise else finite, v, v_prev)
       new_nu = spec.from_frames(v, w.shape) if elementwise else v
       return (
-          spec.from_frames(step, u.shape).astype(u.dtype),
+          spec.from_frames(step, u.shape).astype(w.dtype),
           spec.from_frames(m, w.shape).astype(mu.dtype),
           new_nu.astype(nu.dtype),
           skipped + (~finite).astype(jnp.int32),
@@ -467,7 +486,7 @@ def step_norm_cap(max_norm=0.1, frames: FramesLike = FrameSpec()) -> optax.Gradi
     del params
 
     def leaf(path, u):
-      spec = resolve_frames(frames, path, u)
+      spec = checked_frames(frames, path, u)
       cd = jnp.promote_types(geometry.compute_dtype(u.dtype), jnp.float32)
       eta = spec.to_frames(u).astype(cd)
       r = eta.shape[-1]
@@ -528,6 +547,7 @@ def polar_retract(
     method: str = "auto",
     *,
     step_bound: float | None = None,
+    init_tol: float | None = None,
 ) -> optax.GradientTransformation:
   """Retracts each frame with its polar factor; put it last in a chain.
 
@@ -538,9 +558,14 @@ def polar_retract(
   or not finite keeps its point exactly (``skipped`` counts the non-finite ones).
   16-bit parameters are retracted in float32.
 
-  ``init`` checks concrete parameters: a frame with ``max|W^T W - I| > 1e-3`` is a
-  ValueError (initialize with :func:`stiefax.flax.orthonormal_init` or snap with
-  :func:`stiefax.flax.project_params`).
+  ``init`` checks concrete parameters: a frame with ``max|W^T W - I|`` above
+  ``init_tol`` is a ValueError (initialize with :func:`stiefax.flax.orthonormal_init`
+  or snap with :func:`stiefax.flax.project_params`). The default tolerance follows the
+  parameter's dtype, ``max(1e-3, 4 eps)``: rounding an orthonormal frame to unit
+  roundoff ``u = eps / 2`` moves ``W^T W`` by at most ``2u + u^2``, so bfloat16
+  (0.031) and float16 (0.0039) frames from ``orthonormal_init`` or ``project_params``
+  pass, and float32 frames are held to 1e-3. Updates come back in the parameter's
+  dtype, so float32 frames keep float32 isometry under 16-bit gradients.
 
   Example:
     >>> import jax, jax.numpy as jnp, optax, stiefax
@@ -563,6 +588,8 @@ def polar_retract(
       (:func:`stiefax.geometry.newton_schulz_iterations`): no data-dependent loop and
       no reduction across frames, so head-sharded frames retract without
       communication. ``None``: iterate to convergence.
+    init_tol: the largest ``max|W^T W - I|`` that ``init`` accepts (default
+      ``max(1e-3, 4 eps)`` of each parameter's dtype).
 
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
@@ -576,7 +603,7 @@ def polar_retract(
 
   def init_fn(params):
     def leaf(path, w):
-      spec = resolve_frames(frames, path, w)
+      spec = checked_frames(frames, path, w)
       skipped = _zeros_per_frame(spec, w, jnp.int32)  # also validates the axes, r <= d
       # Concrete params that this process holds entirely are checked on the host (a
       # global array spread over several hosts is not fetched).
@@ -584,11 +611,12 @@ def polar_retract(
         wf = np.asarray(spec.to_frames(jnp.asarray(w)), np.float64)
         gram = np.swapaxes(wf, -1, -2) @ wf
         err = float(np.max(np.abs(gram - np.eye(gram.shape[-1])), initial=0.0))
-        if not err <= OFF_MANIFOLD_TOL:
+        tol = _init_tolerance(w.dtype) if init_tol is None else float(init_tol)
+        if not err <= tol:
           raise ValueError(
               _OFF_MANIFOLD.format(
                   path=jax.tree_util.keystr(path) or "<root>",
-                  shape=tuple(w.shape), err=err, tol=OFF_MANIFOLD_TOL,
+                  shape=tuple(w.shape), dtype=jnp.dtype(w.dtype).name, err=err, tol=tol,
               )
           )
       return skipped
@@ -599,13 +627,13 @@ def polar_retract(
     _require_params("polar_retract", params)
 
     def leaf(path, u, w, skipped):
-      spec = resolve_frames(frames, path, w)
-      cd = geometry.compute_dtype(w.dtype)
+      spec = checked_frames(frames, path, w)
+      cd = _compute_dtype(u, w)
       delta, finite = _retract_frames(
           spec.to_frames(w).astype(cd), spec.to_frames(u).astype(cd), method, step_bound
       )
       return (
-          spec.from_frames(delta, u.shape).astype(u.dtype),
+          spec.from_frames(delta, u.shape).astype(w.dtype),
           skipped + (~finite).astype(jnp.int32),
       )
 

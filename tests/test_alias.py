@@ -266,3 +266,31 @@ def test_optax_multi_transform_alias_also_works(rng):
   u, _ = tx.update(grads, tx.init(params), params)
   new = optax.apply_updates(params, u)
   assert float(stiefax.diagnostics.isometry_error(new, labels)) < 1e-5
+
+
+def test_stiefel_adamw_refuses_to_select_no_frame(rng):
+  tree = {"layers_0": {"attn": {"wq": {"kernel": jnp.ones((D, D))}, "wk": {"kernel": jnp.ones((D, D))}}},
+          "mlp": {"kernel": jnp.ones((D, D))}}
+  # Default labels: the attention-like kernels are named, with how to select them.
+  with pytest.raises(ValueError, match=r"layers_0/attn/wk/kernel.*modules=\('wk', 'wq'\)"):
+    stiefax.stiefel_adamw(1e-3).init(tree)
+  # A label tree with no frame at all, attention or not, is refused too.
+  all_adamw = lambda p: jax.tree.map(lambda _: "adamw", p)
+  with pytest.raises(ValueError, match="no parameter is labelled 'stiefel'.*layers_0/attn/wq"):
+    stiefax.stiefel_adamw(1e-3, labels=all_adamw).init(tree)
+  with pytest.raises(ValueError, match="no parameter is labelled 'stiefel'.*no attention-like"):
+    stiefax.stiefel_adamw(1e-3, labels=all_adamw).init({"mlp": tree["mlp"]})
+  # Control: selected by name, the same tree trains.
+  picked = lambda p: stiefax.flax.qk_labels(p, modules=("wq", "wk"))
+  snapped = stiefax.flax.project_params(tree, picked)
+  stiefax.stiefel_adamw(1e-3, labels=picked).init(snapped)
+
+
+def test_stiefel_adamw_label_tree_without_the_params_level(rng):
+  variables = {"params": _tree(rng)}
+  labels = stiefax.flax.qk_labels(variables["params"])
+  with pytest.raises(ValueError, match="top 'params' level that the labels lack"):
+    stiefax.stiefel_adamw(1e-3, labels=labels).init(variables)
+  with pytest.raises(ValueError, match="top 'params' level that the params lack"):
+    stiefax.stiefel_adamw(1e-3, labels={"params": labels}).init(variables["params"])
+  stiefax.stiefel_adamw(1e-3, labels={"params": labels}).init(variables)

@@ -134,3 +134,32 @@ def test_strict_build_executes_the_notebooks(tmp_path):
   quick = (site / "notebooks" / "01_quickstart" / "index.html").read_text()
   # A printed result (not in the source): "loss 0.7298 -> 0.0058" for both arms.
   assert len(re.findall(r"loss \d\.\d{4} -(?:>|&gt;) \d\.\d{4}", quick)) == 2
+
+
+def _griffe_extension():
+  spec = importlib.util.spec_from_file_location(
+      "griffe_examples", ROOT / "docs" / "hooks" / "griffe_examples.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_sphinx_roles_become_cross_references():
+  ext = _griffe_extension()
+  text = ext.markdown_docstring(
+      "Use :func:`qk_labels` and :class:`stiefax.FrameSpec` (see :meth:`FrameSpec.rest`,"
+      " :func:`~stiefax.geometry.polar`, :func:`jax.numpy.linalg.svd`)::\n\n    code::\n",
+      "stiefax.flax")
+  assert text == (
+      "Use [`qk_labels`][stiefax.flax.qk_labels] and [`stiefax.FrameSpec`][stiefax.FrameSpec]"
+      " (see [`FrameSpec.rest`][stiefax.FrameSpec.rest], [`polar`][stiefax.geometry.polar],"
+      " `jax.numpy.linalg.svd`):\n\n    code:\n")
+  # Doctest lines keep their text.
+  assert ext.markdown_docstring('  >>> print("a::")\n', "stiefax") == '  >>> print("a::")\n'
+
+
+def test_raw_markup_check_finds_roles_and_literal_markers(hook):
+  assert hook.raw_markup("<p>see <code>x</code> and <pre>a::b\n:func:`y`</pre></p>") == []
+  assert len(hook.raw_markup("<p>see :func:<code>qk_labels</code></p>")) == 1
+  assert len(hook.raw_markup("<p>The drop-in::</p><pre>code</pre>")) == 1
+  assert len(hook.raw_markup("<p>see :class:`FrameSpec`</p>")) == 1

@@ -12,7 +12,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 SCRIPTS = (
     "quickstart.py", "linen_vit.py", "nnx_transformer.py", "custom_frames.py",
-    "sharded_heads.py",
+    "sharded_heads.py", "decoder_lm.py",
 )
 _SCI = re.compile(r"([0-9.]+e[-+][0-9]+)")
 
@@ -59,6 +59,9 @@ def test_example_runs_and_keeps_frames_orthonormal(runs, name):
   if name == "quickstart.py":
     # The A2 row (AdamW on W_Q, W_K) is the control: it leaves the manifold.
     assert min(isometry) < 1e-5 < max(isometry), text
+  elif name == "decoder_lm.py":
+    # bfloat16 frames: orthonormal to bfloat16 rounding (eps = 2^-7).
+    assert max(isometry) < 1e-2, text
   else:
     assert max(isometry) < 1e-5, text
 
@@ -85,3 +88,14 @@ def test_example_has_a_steps_flag_and_a_docstring(name):
   text = (EXAMPLES / name).read_text()
   assert '"--steps"' in text
   assert text.startswith('"""'), f"{name} must open with a docstring saying what it shows"
+
+
+def test_decoder_lm_trains_gemma_layout_in_bfloat16(runs):
+  code, text = runs["decoder_lm.py"]
+  assert code == 0, text
+  assert "12 query/key frames in St(64, 16), all parameters bfloat16" in text
+  losses = [float(v) for v in re.findall(r"loss (\d+\.\d+)", text)]
+  assert len(losses) == 3 and losses[-1] < losses[0], text
+  # The control: the value slices of the same fused weights train freely with AdamW.
+  drift = float(re.search(r"max\|V\^T V - I\| = ([0-9.e+-]+)", text).group(1))
+  assert drift > max(isometry_errors("decoder_lm.py", text)), text

@@ -174,3 +174,19 @@ def test_nnx_optimizer_trains_and_keeps_frames():
   assert float(stiefax.diagnostics.isometry_error(after, stiefax.flax.qk_labels)) <= 2e-5
   moved = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), after, before)
   assert all(m > 0 for m in jax.tree.leaves(moved))
+
+
+def test_qk_labels_raise_on_unrecognized_attention_names():
+  tree = {"blocks_0": {"self_attn": {"wq": {"kernel": jnp.ones((8, 2, 4))},
+                                     "wk": {"kernel": jnp.ones((8, 2, 4))}}}}
+  with pytest.raises(ValueError, match=r"selects no frame.*blocks_0/self_attn/wq/kernel \(8, 2, 4\)"):
+    stiefax.flax.qk_labels(tree)
+  with pytest.raises(ValueError, match="selects no frame"):  # a wrong modules= too
+    stiefax.flax.qk_labels(tree, modules=("w_q", "w_k"))
+  with pytest.raises(ValueError, match="selects no frame"):
+    stiefax.diagnostics.isometry_error(tree, stiefax.flax.qk_labels)
+  labels = stiefax.flax.qk_labels(tree, modules=("wq", "wk"))
+  assert jax.tree.leaves(labels) == ["stiefel", "stiefel"]
+  # A tree with nothing attention-like is all AdamW, without an error.
+  assert jax.tree.leaves(stiefax.flax.qk_labels({"mlp": {"kernel": jnp.ones((4, 4))}})) == ["adamw"]
+  assert stiefax.flax.attention_like({"mlp": {"kernel": jnp.ones((4, 4))}}) == []

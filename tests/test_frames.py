@@ -62,3 +62,60 @@ def test_is_contiguous_says_when_to_frames_is_a_reshape():
     batch, d, r = spec.frame_shape(shape)
     as_reshape = np.array_equal(spec.to_frames(x), x.reshape(batch + (d, r)))
     assert as_reshape == contiguous
+
+
+@pytest.mark.parametrize(
+    "spec, shape, expected, index",
+    [
+        # Dense (d, H r): heads split out of the column axis.
+        (FrameSpec(split=(1, (3, -1))), (16, 12), ((3,), 16, 4), lambda x: x.reshape(16, 3, 4)),
+        # Fused (3, H, d, r): q and k slices; non-contiguous q and v too.
+        (FrameSpec(row_axis=2, select=(0, (0, 1))), (3, 2, 16, 4), ((2, 2), 16, 4),
+         lambda x: x[:2]),
+        (FrameSpec(row_axis=2, select=(0, (2, 0))), (3, 2, 16, 4), ((2, 2), 16, 4),
+         lambda x: x[np.array([2, 0])]),
+        # GPT-2 (d, 3 H r): split, then select the q and k thirds.
+        (FrameSpec(split=(1, (3, 2, -1)), select=(1, (0, 1))), (16, 24), ((2, 2), 16, 4),
+         lambda x: x.reshape(16, 3, 2, 4)[:, :2]),
+    ],
+)
+def test_split_and_select_view_the_right_entries(spec, shape, expected, index):
+  assert spec.frame_shape(shape) == expected
+  x = jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape) + 1
+  f = spec.to_frames(x)
+  assert f.shape == expected[0] + expected[1:]
+  # The frames hold exactly the selected entries, each once.
+  np.testing.assert_array_equal(np.sort(np.ravel(f)), np.sort(np.ravel(index(x))))
+  back = spec.from_frames(f, shape)
+  if spec.select is None:
+    np.testing.assert_array_equal(back, x)
+  else:
+    kept = np.asarray(back) != 0
+    np.testing.assert_array_equal(np.asarray(back)[kept], np.asarray(x)[kept])
+    assert kept.sum() == f.size  # the unselected entries are zero
+    np.testing.assert_array_equal(spec.from_frames(f, shape, spec.rest(x)), x)
+
+
+@pytest.mark.parametrize(
+    "spec, shape, match",
+    [
+        (FrameSpec(split=(1, (5, -1))), (16, 12), "not a multiple of 5"),
+        (FrameSpec(split=(1, (5, 3))), (16, 12), "product 15"),
+        (FrameSpec(row_axis=2, select=(0, (3,))), (3, 2, 16, 4), "has size 3"),
+        (FrameSpec(row_axis=2, select=(2, (0,))), (3, 2, 16, 4), "select only along a batch axis"),
+    ],
+)
+def test_split_and_select_errors(spec, shape, match):
+  with pytest.raises(ValueError, match=match):
+    spec.frame_shape(shape)
+
+
+def test_split_and_select_arguments_are_validated():
+  with pytest.raises(ValueError, match="at most one -1"):
+    FrameSpec(split=(1, (-1, -1)))
+  with pytest.raises(ValueError, match="distinct"):
+    FrameSpec(select=(0, (1, 1)))
+  with pytest.raises(ValueError, match=r"\(axis, \(int, \.\.\.\)\)"):
+    FrameSpec(select=(0,))
+  assert repr(FrameSpec()) == "FrameSpec(row_axis=0, col_axes=(-1,))"
+  assert FrameSpec(select=(0, 1)).select == (0, (1,))

@@ -6,6 +6,9 @@
   section (functions); each class needs a ``>>>`` example or an ``Attributes:``
   section; and every symbol must be rendered by a ``::: name`` directive of an API page
   (``::: module`` renders the whole module).
+* No page keeps Sphinx markup (``:func:`` roles, ``::`` literal markers) in its
+  rendered HTML; the griffe extension ``griffe_examples.py`` rewrites the docstrings'
+  roles as mkdocstrings cross-references.
 * The notebooks live in ``notebooks/`` at the repository root (they are run and read on
   their own too); they are added to the site as ``notebooks/*.ipynb``, where the
   mkdocs-jupyter plugin executes them.
@@ -106,6 +109,35 @@ def api_directives(docs_dir: pathlib.Path) -> list[str]:
   for page in sorted((docs_dir / "api").glob("*.md")):
     found += _DIRECTIVE.findall(page.read_text(encoding="utf-8"))
   return found
+
+
+_CODE = re.compile(r"<(pre|code)\b[^>]*>.*?</\1>", re.DOTALL)
+_RAW_ROLE = re.compile(r":(?:func|class|meth|mod|data|attr|exc|obj|ref):(?:`|<code>)")
+_RAW_LITERAL = re.compile(r"\S::\s*</p>|<p>::</p>")
+
+
+def raw_markup(html: str) -> list[str]:
+  """Sphinx markup left unrendered in a page: roles and ``::`` literal markers.
+
+  Code (``<pre>``, ``<code>``) is ignored, so ``a::b`` in an example is fine.
+  """
+  text = _CODE.sub(lambda m: "<code></code>" if m.group(1) == "code" else "", html)
+  found = []
+  for pattern in (_RAW_ROLE, _RAW_LITERAL):
+    for match in pattern.finditer(text):
+      found.append(text[max(0, match.start() - 60): match.end() + 20].replace("\n", " "))
+  return found
+
+
+def on_post_page(output, page, config):
+  problems = raw_markup(output)
+  if problems:
+    raise PluginError(
+        f"{page.file.src_uri}: unrendered Sphinx markup (write Markdown: [`name`][id]"
+        " cross-references, and ':' before an indented code block):\n  "
+        + "\n  ".join(problems[:10])
+    )
+  return output
 
 
 def on_config(config):

@@ -56,9 +56,15 @@ def _available() -> dict:
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
+  from stiefax import __version__  # pylint: disable=g-import-not-at-top
+
   parser = argparse.ArgumentParser(
       prog="stiefax",
       description="Stiefel-manifold attention: experiments, reports and certificates.",
+  )
+  parser.add_argument(
+      "--version", action="version", version=f"stiefax {__version__}",
+      help="print the installed stiefax version and exit",
   )
   sub = parser.add_subparsers(dest="command", metavar="COMMAND")
   sub.required = True
