@@ -378,7 +378,7 @@ def _frames_and_rest(
         rest_spec(p, w) for p, w in jax.tree_util.tree_flatten_with_path(params)[0]
     ]
 
-  def rest_tree(tree, params, found):
+  def rest_tree(tree, found):
     it = iter(found)
 
     def leaf(_, x):
@@ -392,7 +392,7 @@ def _frames_and_rest(
     state = stiefel.init(params)
     if all(s is None for s in found):
       return state
-    return FramesAndRestState(state, rest_tx.init(rest_tree(params, params, found)))
+    return FramesAndRestState(state, rest_tx.init(rest_tree(params, found)))
 
   def update_fn(updates, state, params=None):
     transforms._require_params("stiefel_adamw", params)
@@ -401,17 +401,18 @@ def _frames_and_rest(
       return stiefel.update(updates, state, params)
     out, frames_state = stiefel.update(updates, state.frames, params)
     rest_u, rest_state = rest_tx.update(
-        rest_tree(updates, params, found), state.rest, rest_tree(params, params, found)
+        rest_tree(updates, found), state.rest, rest_tree(params, found)
     )
     it = iter(zip(found, _rest_leaves(rest_u, found)))
 
-    def leaf(_, u):
+    def leaf(u):
       spec, r = next(it)
       if spec is None:
         return u
+      # The frame update is zero on the rest; put the rest's own update there.
       return spec.from_frames(spec.to_frames(u), u.shape, r.astype(u.dtype))
 
-    return jax.tree_util.tree_map_with_path(leaf, out), FramesAndRestState(frames_state, rest_state)
+    return jax.tree.map(leaf, out), FramesAndRestState(frames_state, rest_state)
 
   return optax.GradientTransformation(init_fn, update_fn)
 
