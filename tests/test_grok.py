@@ -9,6 +9,7 @@ acceptance test.
 import dataclasses
 import json
 import pathlib
+import re
 
 import jax
 import numpy as np
@@ -43,8 +44,8 @@ def tiny_runs(tmp_path_factory):
   return out
 
 
-def _load(out: pathlib.Path, arm: str, seed: int = 0) -> dict:
-  return json.loads((out / grok.run_file_name(arm, seed, False)).read_text())
+def _load(out: pathlib.Path, arm: str, seed: int = 0, config=TINY) -> dict:
+  return json.loads((out / grok.run_file_name(config, arm, seed, "tiny")).read_text())
 
 
 # ----------------------------------------------------------------------------
@@ -223,8 +224,9 @@ def test_stabilize_sets_power_et_al():
 
 
 def test_cli_writes_one_json_per_run(tiny_runs, capsys):
-  files = sorted(p.name for p in tiny_runs.glob("*.json"))
-  assert files == ["A2_seed0.json", "B2_seed0.json"]
+  files = sorted(p.name for p in tiny_runs.iterdir())
+  assert files == sorted(grok.run_file_name(TINY, a, 0, "tiny") for a in ("A2", "B2"))
+  assert files[0].startswith("A2-tiny-e80-") and files[0].endswith("-s0.json")
   for arm in ("A2", "B2"):
     r = _load(tiny_runs, arm)
     assert set(r) >= {"experiment", "arm", "seed", "config", "metrics", "history", "wall_time"}
@@ -239,6 +241,10 @@ def test_cli_writes_one_json_per_run(tiny_runs, capsys):
     assert r["metrics"]["memorized_epoch"] is not None  # the tiny task memorizes
     assert r["metrics"]["end_test_acc"] == h["test_acc"][-1]
     assert r["wall_time"] > 0
+    assert r["run_id"] in files[0 if arm == "A2" else 1]
+    assert r["command"].startswith("stiefax grok --preset tiny --epochs 80 --eval-every 20"
+                                   f" --arms {arm} --seeds 0")
+    assert r["code"]["version"] == stiefax.__version__
 
 
 def test_cli_isometry_contrast(tiny_runs):
@@ -286,7 +292,7 @@ def test_report_paired_differences_with_two_seeds(tiny_runs, tmp_path, capsys):
       r = json.loads(json.dumps(base))
       r["seed"] = seed
       r["metrics"]["tail_test_acc"] = 0.5 + shift + extra * (arm == "B2")
-      (d / grok.run_file_name(arm, seed, False)).write_text(json.dumps(r))
+      (d / f"{arm}_{seed}.json").write_text(json.dumps(r))
   (d / "notes.json").write_text(json.dumps({"no": "experiment"}))  # not a run: skipped
   assert cli.main(["report", str(d)]) == 0
   text = capsys.readouterr().out
@@ -303,6 +309,134 @@ def test_report_dispatches_by_experiment(tmp_path, capsys):
   (d / "x.json").write_text(json.dumps({"experiment": "nonexistent_thing", "arm": "A"}))
   assert cli.main(["report", str(tmp_path / "r")]) == 0
   assert "nonexistent_thing: 1 run(s); no report" in capsys.readouterr().out
+
+
+def test_budgets_get_their_own_files_and_reruns_skip_finished_runs(
+    tmp_path, tiny_preset, capsys, monkeypatch):
+  out = tmp_path / "R"
+  base = ["grok", "--preset", tiny_preset, "--eval-every", "20", "--arms", "A2", "--seeds",
+          "0", "--out", str(out)]
+  assert cli.main(base + ["--epochs", "40"]) == 0
+  first = {p.name: p.read_bytes() for p in out.iterdir()}
+  assert cli.main(base + ["--epochs", "20"]) == 0
+  files = sorted(p.name for p in out.iterdir())
+  assert len(files) == 2 and {f.split("-")[2] for f in files} == {"e20", "e40"}
+  assert all((out / f).read_bytes() == b for f, b in first.items())  # not overwritten
+  for f in files:
+    r = json.loads((out / f).read_text())
+    assert r["history"]["epoch"][-1] == int(f.split("-")[2][1:])
+  capsys.readouterr()
+
+  def no_training(*a, **k):
+    raise AssertionError("a finished run was trained again")
+
+  monkeypatch.setattr(grok, "train", no_training)
+  assert cli.main(base + ["--epochs", "20"]) == 0
+  assert "finished already" in capsys.readouterr().out
+  assert sorted(p.name for p in out.iterdir()) == files
+
+  assert cli.main(["report", str(out)]) == 0
+  text = capsys.readouterr().out
+  assert "[preset=tiny epochs=20 eval_every=20]: 1 run(s)" in text
+  assert "[preset=tiny epochs=40 eval_every=20]: 1 run(s)" in text
+
+
+def test_every_setting_changes_the_file_name():
+  names = {grok.run_file_name(TINY, "A2", 0, "tiny")}
+  for change in (dict(epochs=100), dict(learning_rate=2e-2), dict(b2=0.98),
+                 dict(modulus=29), dict(sustain_k=2)):
+    names.add(grok.run_file_name(dataclasses.replace(TINY, **change), "A2", 0, "tiny"))
+  names |= {grok.run_file_name(TINY, "B2", 0, "tiny"), grok.run_file_name(TINY, "A2", 1, "tiny"),
+            grok.run_file_name(TINY, "A2", 0, "quick")}
+  assert len(names) == 9
+
+
+_SCRIPT = """
+import sys
+from stiefax.experiments import cli, grok
+from tests.test_grok import TINY
+grok.PRESETS["tiny"] = dict(config=TINY, arms=("A2", "B2"), seeds=(0,))
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def _stiefax_process(tmp_path, *argv):
+  """``stiefax`` with the tiny preset, as a separate process."""
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  root = pathlib.Path(__file__).resolve().parent.parent
+  script = tmp_path / "stiefax_tiny.py"
+  script.write_text(_SCRIPT)
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+             JAX_PLATFORMS="cpu")
+  return subprocess.Popen([sys.executable, str(script), *argv], cwd=root, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_two_processes_on_one_out_keep_every_run(tmp_path):
+  out = tmp_path / "R"
+  argv = ["grok", "--preset", "tiny", "--epochs", "40", "--eval-every", "20", "--arms",
+          "A2", "--seeds", "0,1,2,3", "--out", str(out)]
+  procs = [_stiefax_process(tmp_path, *argv) for _ in range(2)]
+  logs = [p.communicate(timeout=600)[0] for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], logs
+  names = sorted(grok.run_file_name(dataclasses.replace(TINY, epochs=40), a, s, "tiny")
+                 for a in ("A2",) for s in range(4))
+  assert sorted(p.name for p in out.iterdir()) == names  # no temporary or lock files left
+  for name in names:
+    r = json.loads((out / name).read_text())
+    assert r["history"]["epoch"] == [0, 20, 40]
+    assert name.startswith(r["arm"] + "-") and name.endswith(f"-s{r['seed']}.json")
+    assert r["run_id"] in name
+  skipped = sum(log.count("finished already") for log in logs)
+  assert skipped >= 4  # each run trained by one process; the other reads it
+  for log in logs:  # both summaries list every run
+    rows = [ln.split()[:2] for ln in log.splitlines() if re.match(r"A2 +\d+ ", ln)]
+    assert sorted(rows) == [["A2", str(s)] for s in range(4)], log
+
+
+def test_run_lock_is_exclusive_and_dies_with_its_process(tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+
+  path = tmp_path / "run.lock"
+  a, b = store.RunLock(path), store.RunLock(path)
+  assert a.acquire() and not b.acquire()
+  assert a.holder()["pid"] == __import__("os").getpid()
+  a.release()
+  assert not path.exists() and b.acquire()
+  b.release()
+  # A process that holds the lock and is killed leaves it free.
+  code = ("import fcntl, os, sys, time\n"
+          "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+          "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(60)\n")
+  proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE,
+                          text=True)
+  assert proc.stdout.readline().strip() == "held"
+  assert not a.acquire()
+  proc.kill()
+  proc.wait()
+  assert a.acquire()
+  a.release()
+
+
+def test_write_json_is_atomic_and_never_overwrites(tmp_path):
+  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+
+  path = tmp_path / "r.json"
+  store.write_json(path, {"a": 1})
+  with pytest.raises(FileExistsError):
+    store.write_json(path, {"a": 2})
+  assert json.loads(path.read_text()) == {"a": 1}
+  store.write_json(path, {"a": 3}, overwrite=True)
+  assert json.loads(path.read_text()) == {"a": 3}
+  assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary files left
+  assert store.digest({"b": [1, 2], "a": 0.5}) == store.digest({"a": 0.5, "b": (1, 2)})
+  assert store.digest({"a": 1}) != store.digest({"a": 2})
 
 
 def _one_line_error(capsys, argv, match):

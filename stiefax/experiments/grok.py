@@ -529,8 +529,45 @@ def resolve_config(args: argparse.Namespace) -> tuple[GrokConfig, list[str], lis
   return config, _parse_arms(args.arms, preset["arms"]), _parse_seeds(args.seeds, preset["seeds"])
 
 
-def run_file_name(arm: str, seed: int, stabilize: bool) -> str:
-  return f"{arm}{'-stab' if stabilize else ''}_seed{seed}.json"
+def run_identity(config: GrokConfig, arm: str, preset: str) -> dict:
+  """What decides a run's result, except its seed: the preset, every field of
+  ``config`` (budget, model, optimizer, thresholds) and the arm's definition."""
+  return {"experiment": "grok", "preset": preset, "arm": arm,
+          "arm_definition": dataclasses.asdict(ARMS[arm]), **dataclasses.asdict(config)}
+
+
+def record_identity(record: dict) -> dict:
+  """:func:`run_identity` of a written run (``KeyError`` if its config lacks a field)."""
+  c = record["config"]
+  fields = {f.name: c[f.name] for f in dataclasses.fields(GrokConfig)}
+  return {"experiment": "grok", "preset": c.get("preset"), "arm": record["arm"],
+          "arm_definition": c["arm"], **fields}
+
+
+def run_file_name(config: GrokConfig, arm: str, seed: int, preset: str,
+                  stabilize: bool = False) -> str:
+  """``<arm>[-stab]-<preset>-e<epochs>-<config hash>-s<seed>.json``.
+
+  The hash (:func:`stiefax.experiments.store.digest` of :func:`run_identity`) makes the
+  name a function of the whole configuration: runs that differ in any setting, the
+  budget included, never share a file.
+  """
+  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+
+  digest = store.digest(run_identity(config, arm, preset))
+  return (f"{arm}{'-stab' if stabilize else ''}-{preset}-e{config.epochs}-{digest}"
+          f"-s{seed}.json")
+
+
+def run_command(config: GrokConfig, arm: str, seed: int, preset: str, stabilize: bool,
+                out) -> str:
+  """The ``stiefax grok`` command line that reruns (or resumes) exactly this run."""
+  import shlex  # pylint: disable=g-import-not-at-top
+
+  return " ".join(["stiefax", "grok", "--preset", preset, "--epochs", str(config.epochs),
+                   "--eval-every", str(config.eval_every), "--arms", arm, "--seeds",
+                   str(seed)] + (["--stabilize"] if stabilize else [])
+                  + ["--out", shlex.quote(str(out))])
 
 
 def _fmt_epoch(e) -> str:
@@ -554,27 +591,106 @@ def summary_table(records: Sequence[dict]) -> str:
   return "\n".join(lines)
 
 
+def _finished(path: pathlib.Path, identity: dict, seed: int,
+              repair: bool = False) -> Optional[dict]:
+  """The run written at ``path`` if it is this run (same identity and seed), else None.
+
+  With ``repair`` (only while holding the run's lock), a file there that is damaged or
+  holds another run is moved aside (never deleted), so that the run can be written.
+  """
+  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+
+  if not path.is_file():
+    return None
+  record, problem = store.read_json(path)
+  if problem is None:
+    try:
+      if record_identity(record) == identity and record["seed"] == seed:
+        return record
+      problem = "it holds another configuration"
+    except (KeyError, TypeError, AttributeError) as e:
+      problem = f"it lacks the field {e}"
+  if not repair:
+    return None
+  aside = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+  os.replace(path, aside)
+  print(f"stiefax grok: {path} is unusable ({problem}); moved it to {aside.name}"
+        " and training the run again", file=sys.stderr, flush=True)
+  return None
+
+
+@dataclasses.dataclass
+class _Job:
+  """One (arm, seed) of the command and where its files live."""
+
+  arm: str
+  seed: int
+  path: pathlib.Path  # the result JSON
+  identity: dict
+
+  @property
+  def lock_path(self) -> pathlib.Path:
+    return self.path.with_suffix(".lock")
+
+
 def run(args: argparse.Namespace) -> int:
+  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+
   config, arms, seeds = resolve_config(args)
   out = writable_dir(args.out, "--out")
   setting = (f"preset={args.preset} epochs={config.epochs} eval_every={config.eval_every}"
              f"{' stabilize' if args.stabilize else ''}")
   print(f"stiefax grok: {setting}; arms {','.join(arms)}; seeds "
         f"{','.join(map(str, seeds))} -> {out}", flush=True)
-  records = []
-  for seed in seeds:
-    for arm in arms:
-      record = train(config, arm, seed)
-      record["config"].update(preset=args.preset, stabilize=bool(args.stabilize),
-                              setting=setting)
-      path = out / run_file_name(arm, seed, args.stabilize)
-      try:
-        path.write_text(json.dumps(record, indent=1, allow_nan=True))
-      except OSError as e:
-        raise CommandError(f"cannot write {path} ({e.strerror or e}).") from None
-      records.append(record)
-  print(summary_table(records))
-  print(f"wrote {len(records)} run(s) to {out}; tables and plots: stiefax report {out}")
+  jobs = [_Job(arm, seed, out / run_file_name(config, arm, seed, args.preset, args.stabilize),
+               run_identity(config, arm, args.preset))
+          for seed in seeds for arm in arms]
+  records: dict = {}
+  waiting: set = set()
+  while len(records) < len(jobs):
+    progressed = False
+    for job in jobs:
+      key = (job.arm, job.seed)
+      if key in records:
+        continue
+      done = _finished(job.path, job.identity, job.seed)
+      if done:
+        print(f"  {job.arm} seed {job.seed}: finished already ({job.path.name})", flush=True)
+        records[key] = done
+        progressed = True
+        continue
+      with store.RunLock(job.lock_path) as lock:
+        if not lock.acquire():
+          if key not in waiting:
+            holder = lock.holder() or {}
+            print(f"  {job.arm} seed {job.seed}: being trained by process"
+                  f" {holder.get('pid', '?')} on {holder.get('host', '?')}; waiting for it",
+                  flush=True)
+            waiting.add(key)
+          continue
+        done = _finished(job.path, job.identity, job.seed, repair=True)  # finished meanwhile?
+        if done:
+          records[key] = done
+          progressed = True
+          continue
+        record = train(config, job.arm, job.seed)
+        record["config"].update(preset=args.preset, stabilize=bool(args.stabilize),
+                                setting=setting)
+        record["run_id"] = store.digest(job.identity)
+        record["command"] = run_command(config, job.arm, job.seed, args.preset,
+                                        args.stabilize, out)
+        record["code"] = store.code_version()
+        try:
+          store.write_json(job.path, record)
+        except OSError as e:
+          raise CommandError(f"cannot write {job.path} ({e.strerror or e}).") from None
+        records[key] = record
+        progressed = True
+    if len(records) < len(jobs) and not progressed:
+      time.sleep(2.0)  # every remaining run is held by another process
+  ordered = [records[(j.arm, j.seed)] for j in jobs]
+  print(summary_table(ordered))
+  print(f"{len(ordered)} run(s) in {out}; tables and plots: stiefax report {out}")
   return 0
 
 
