@@ -303,6 +303,37 @@ def test_report_paired_differences_with_two_seeds(tiny_runs, tmp_path, capsys):
   assert parts[5] == "2/2"  # wins
 
 
+def test_report_skips_damaged_runs_and_counts_duplicates_once(tiny_runs, tmp_path, capsys):
+  d = tmp_path / "runs"
+  d.mkdir()
+  good = {p.name: p.read_text() for p in tiny_runs.glob("*.json")}
+  for name, text in good.items():
+    (d / name).write_text(text)
+  a2 = next(n for n in good if n.startswith("A2"))
+  (d / "copy.json").write_text(good[a2])  # the same run again
+  (d / "truncated.json").write_text(good[a2][: len(good[a2]) // 2])
+  broken = json.loads(good[a2])
+  del broken["history"]
+  broken["seed"] = 7
+  (d / "nohistory.json").write_text(json.dumps(broken))
+  broken = json.loads(good[a2])
+  del broken["metrics"]["tail_test_acc"]
+  broken["seed"] = 8
+  (d / "nometric.json").write_text(json.dumps(broken))
+  assert cli.main(["report", str(d)]) == 0
+  out, err = capsys.readouterr()
+  warnings = err.strip().splitlines()
+  assert len(warnings) == 4 and "Traceback" not in err
+  by_file = {w.split("skipped ")[1].split(":")[0]: w for w in warnings}
+  assert "not readable JSON" in by_file[str(d / "truncated.json")]
+  assert "lacks the field 'history'" in by_file[str(d / "nohistory.json")]
+  assert "lacks the metric 'tail_test_acc'" in by_file[str(d / "nometric.json")]
+  dup = [w for w in warnings if "the same run" in w]
+  assert len(dup) == 1 and str(d / a2) in dup[0] + by_file.get(str(d / "copy.json"), "")
+  rows = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.split()}
+  assert rows["A2"][1] == "1" and rows["B2"][1] == "1"  # one run each, the copy not counted
+
+
 def test_report_dispatches_by_experiment(tmp_path, capsys):
   d = tmp_path / "r" / "nested"
   d.mkdir(parents=True)

@@ -406,3 +406,37 @@ def test_report_tables_from_runs(tmp_path):
   assert "-2.60" in rows["1e-01"] and "0/3" in rows["1e-01"]
   assert (tmp_path / "patches_sweep_n.png").is_file()
   assert patches.report([], tmp_path) == "patches: no runs"
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "missing-array"])
+def test_damaged_cache_files_are_rebuilt_with_a_notice(cifar, image_folder, tmp_path, capsys,
+                                                       damage):
+  images = patch_data.load_images(str(cifar["folder"]))
+  kw = dict(n_train=64, patch=8, d=16, cache_dir=tmp_path, whiten_eps=0.1)
+  data = patch_data.prepare(images, **kw)
+  folder = patch_data.load_images(str(image_folder["archive"]), cache_dir=tmp_path)
+  files = sorted(tmp_path.glob("*.npz"))
+  assert [f.name.split("-")[0] for f in files] == ["images", "patches"]
+  for f in files:
+    raw = f.read_bytes()
+    if damage == "truncate":
+      f.write_bytes(raw[: len(raw) // 2])
+    elif damage == "garbage":
+      f.write_bytes(b"not a zip file at all" * 10)
+    else:
+      with np.load(f) as z:
+        arrays = {k: z[k] for k in z.files if k not in ("meta", "w_proj")}
+      with open(f, "wb") as fh:
+        np.savez(fh, **arrays)
+  capsys.readouterr()
+  again = patch_data.prepare(images, **kw)
+  folder_again = patch_data.load_images(str(image_folder["archive"]), cache_dir=tmp_path)
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 2 and all("is damaged" in ln and "rebuilding it" in ln for ln in err)
+  assert {pathlib.Path(ln.split("cache file ")[1].split(" is damaged")[0]) for ln in err} \
+      == set(files)
+  np.testing.assert_array_equal(again.train_x, data.train_x)
+  np.testing.assert_array_equal(folder_again.train_x, folder.train_x)
+  patch_data.prepare(images, **kw)  # the rebuilt files read back silently
+  patch_data.load_images(str(image_folder["archive"]), cache_dir=tmp_path)
+  assert capsys.readouterr().err == ""

@@ -699,6 +699,38 @@ def run(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------
 
 
+_METRICS = ("memorized_epoch", "grokked_epoch", "sustained_epoch", "end_train_acc",
+            "end_test_acc", "tail_test_acc", "final_isometry")
+_HISTORY = ("epoch", "train_acc", "test_acc", "isometry")
+
+
+def check_run(run: dict) -> Optional[str]:
+  """What a grokking run lacks for the report (``None`` if nothing); see ``stiefax report``."""
+  for key in _METRICS:
+    if key not in run["metrics"]:
+      return f"lacks the metric {key!r}"
+  history = run.get("history")
+  if not isinstance(history, dict):
+    return "lacks the field 'history'"
+  for key in _HISTORY:
+    if not isinstance(history.get(key), list) or not history[key]:
+      return f"lacks the history {key!r}"
+  if len({len(history[k]) for k in _HISTORY}) != 1:
+    return "its histories differ in length"
+  try:
+    record_identity(run)
+  except KeyError as e:
+    return f"lacks the config field {e}"
+  return None
+
+
+def run_key(run: dict) -> tuple:
+  """Two files hold the same run when they share :func:`record_identity` and seed."""
+  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+
+  return (store.digest(record_identity(run)), run["seed"])
+
+
 def _median(xs) -> str:
   xs = [x for x in xs if x is not None]
   return "-" if not xs else f"{float(np.median(xs)):.0f}"

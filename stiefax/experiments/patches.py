@@ -703,6 +703,11 @@ def _run_name(protocol: str, arm: str, cfg: dict, seed: int) -> str:
 _code_version = store.code_version
 
 
+def run_key(run: dict) -> tuple:
+  """Two files hold the same run when protocol, arm, :func:`config_hash` and seed agree."""
+  return (run["config"].get("protocol"), run["arm"], config_hash(run["config"]), run["seed"])
+
+
 def _quote(value) -> str:
   return shlex.quote(str(value))
 
