@@ -372,6 +372,73 @@ def test_budgets_get_their_own_files_and_reruns_skip_finished_runs(
   assert "[preset=tiny epochs=40 eval_every=20]: 1 run(s)" in text
 
 
+def _counting_chunks(monkeypatch, interrupt_at=None, exc=None):
+  """Counts ``train_chunk`` calls; at call ``interrupt_at`` sends SIGINT or raises ``exc``."""
+  import signal  # pylint: disable=g-import-not-at-top
+
+  calls = []
+  programs = grok._programs
+
+  def wrapped(config, arm):
+    init, chunk, evaluate = programs(config, arm)
+
+    def counted(*a):
+      calls.append(1)
+      if len(calls) == interrupt_at:
+        if exc is not None:
+          raise exc
+        signal.raise_signal(signal.SIGINT)  # a real Ctrl-C, during the evaluation window
+      return chunk(*a)
+
+    return init, counted, evaluate
+
+  monkeypatch.setattr(grok, "_programs", wrapped)
+  return calls
+
+
+def test_sigint_leaves_a_run_that_resumes_to_the_same_result(
+    tiny_runs, tmp_path, tiny_preset, monkeypatch, capsys):
+  out = tmp_path / "R"
+  argv = ["grok", "--preset", tiny_preset, "--arms", "A2", "--seeds", "0",
+          "--checkpoint-every", "0", "--out", str(out)]
+  calls = _counting_chunks(monkeypatch, interrupt_at=2)
+  assert cli.main(argv) == 130  # stopped after the 2nd of 4 evaluation windows
+  err = capsys.readouterr().err
+  assert "stopped A2 seed 0 at epoch 40; checkpoint at epoch 40" in err
+  name = grok.run_file_name(TINY, "A2", 0, "tiny")
+  assert not (out / name).exists() and (out / name).with_suffix(".ckpt").is_dir()
+  assert not (out / name).with_suffix(".lock").exists()
+  calls = _counting_chunks(monkeypatch)  # no interruption this time
+  assert cli.main(argv) == 0
+  assert "resuming from the checkpoint at epoch 40" in capsys.readouterr().out
+  assert len(calls) == 2  # epochs 40-80 only: resumed, not retrained
+  resumed, whole = json.loads((out / name).read_text()), _load(tiny_runs, "A2")
+  assert resumed["resumed_from"] == 40 and whole["resumed_from"] is None
+  assert sorted(p.name for p in out.iterdir()) == [name]  # checkpoint removed when done
+  for k, v in whole["history"].items():
+    np.testing.assert_allclose(resumed["history"][k], v, rtol=1e-6, atol=1e-7, err_msg=k)
+  for k, v in whole["metrics"].items():
+    assert resumed["metrics"][k] == (v if v is None or isinstance(v, int)
+                                     else pytest.approx(v, rel=1e-6)), k
+
+
+def test_a_crashed_run_resumes_from_its_last_periodic_checkpoint(
+    tiny_runs, tmp_path, tiny_preset, monkeypatch):
+  out = tmp_path / "R"
+  argv = ["grok", "--preset", tiny_preset, "--arms", "B2", "--seeds", "0",
+          "--checkpoint-every", "30", "--out", str(out)]  # rounded up to 40
+  _counting_chunks(monkeypatch, interrupt_at=4, exc=RuntimeError("power cut"))
+  with pytest.raises(RuntimeError, match="power cut"):
+    cli.main(argv)  # dies in the last window: no checkpoint saved on the way out
+  calls = _counting_chunks(monkeypatch)
+  assert cli.main(argv) == 0
+  assert len(calls) == 2
+  resumed, whole = _load(out, "B2"), _load(tiny_runs, "B2")
+  assert resumed["resumed_from"] == 40
+  for k, v in whole["history"].items():
+    np.testing.assert_allclose(resumed["history"][k], v, rtol=1e-6, atol=1e-7, err_msg=k)
+
+
 def test_every_setting_changes_the_file_name():
   names = {grok.run_file_name(TINY, "A2", 0, "tiny")}
   for change in (dict(epochs=100), dict(learning_rate=2e-2), dict(b2=0.98),

@@ -397,8 +397,114 @@ def _programs(config: GrokConfig, arm: Arm):
           jax.jit(evaluate))
 
 
-def train(config: GrokConfig, arm_name: str, seed: int, *, progress: bool = True) -> dict:
-  """Trains one arm from one seed; returns the run record (the JSON schema)."""
+class Checkpoints:
+  """A run's training state on disk (Orbax), for resuming an interrupted run.
+
+  One checkpoint (the latest) is kept in ``directory``: the parameters and optimizer
+  state (``state``, an Orbax ``StandardSave`` of the arrays), and as JSON (``meta``) the
+  epoch reached, the evaluation history so far, the wall time spent and the seed. The
+  training loop draws no random numbers after initialization (full batch, no dropout),
+  so the seed is all the random state there is. Orbax writes each checkpoint to a
+  temporary folder and renames it when complete: a process killed while saving leaves
+  the previous checkpoint.
+  """
+
+  def __init__(self, directory: pathlib.Path):
+    self.directory = pathlib.Path(directory).resolve()
+    self._manager = None
+
+  def _open(self):
+    if self._manager is None:
+      import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+      options = ocp.CheckpointManagerOptions(max_to_keep=1, create=True,
+                                             enable_async_checkpointing=False)
+      self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                            item_names=("state", "meta"))
+    return self._manager
+
+  def latest_epoch(self) -> Optional[int]:
+    if not self.directory.is_dir():
+      return None
+    return self._open().latest_step()
+
+  def save(self, epoch: int, params, opt_state, meta: dict) -> None:
+    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+    self._open().save(epoch, args=ocp.args.Composite(
+        state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
+        meta=ocp.args.JsonSave(meta)), force=True)
+
+  def restore(self, epoch: int, params, opt_state) -> tuple[Any, Any, dict]:
+    """``(params, opt_state, meta)`` saved at ``epoch``; ``params``, ``opt_state``
+    give the tree structure, shapes and dtypes."""
+    import jax  # pylint: disable=g-import-not-at-top
+    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+    target = {"params": params, "opt_state": opt_state}
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+    got = self._open().restore(epoch, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+    # Orbax returns optax's named tuples as plain tuples: rebuild the original tree.
+    state = jax.tree.unflatten(jax.tree.structure(target), jax.tree.leaves(got["state"]))
+    return state["params"], state["opt_state"], dict(got["meta"])
+
+  def close(self) -> None:
+    if self._manager is not None:
+      self._manager.close()
+      self._manager = None
+
+  def remove(self) -> None:
+    import shutil  # pylint: disable=g-import-not-at-top
+
+    self.close()
+    shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class _StopRequest:
+  """While active, SIGINT asks the training loop to stop at the next evaluation.
+
+  A second SIGINT stops at once (``KeyboardInterrupt``). Outside the main thread, where
+  signal handlers cannot be set, SIGINT keeps its default behaviour.
+  """
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def _handler(self, signum, frame):
+    del frame
+    if self.requested:
+      raise KeyboardInterrupt
+    self.requested = True
+    print("\nstiefax grok: stopping at the next evaluation and saving a checkpoint"
+          " (Ctrl-C again to stop now)", file=sys.stderr, flush=True)
+
+  def __enter__(self):
+    import signal  # pylint: disable=g-import-not-at-top
+    import threading  # pylint: disable=g-import-not-at-top
+
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGINT, self._handler)
+    return self
+
+  def __exit__(self, *exc):
+    import signal  # pylint: disable=g-import-not-at-top
+
+    if self._previous is not None:
+      signal.signal(signal.SIGINT, self._previous)
+      self._previous = None
+
+
+def train(config: GrokConfig, arm_name: str, seed: int, *, progress: bool = True,
+          checkpoints: Optional[Checkpoints] = None, checkpoint_every: int = 0) -> dict:
+  """Trains one arm from one seed; returns the run record (the JSON schema).
+
+  With ``checkpoints``, a run starts from the latest checkpoint there if there is one,
+  saves one every ``checkpoint_every`` epochs (0: never) and, on SIGINT, saves one at
+  the next evaluation and raises ``KeyboardInterrupt``. The arithmetic of a resumed run
+  is that of the uninterrupted run: the same compiled programs on the same arrays.
+  """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
@@ -420,19 +526,49 @@ def train(config: GrokConfig, arm_name: str, seed: int, *, progress: bool = True
       history.setdefault(k, []).append(float(v))
     return ev
 
-  record(0, evaluate(params, data))
-  bar = tqdm(total=config.epochs, desc=f"{arm_name} seed {seed}", unit="epoch",
-             disable=not progress, leave=True, file=sys.stderr)
-  epoch = 0
-  while epoch < config.epochs:
-    params, opt_state, ev = train_chunk(params, opt_state, data)
-    epoch += config.eval_every
-    ev = record(epoch, ev)
-    bar.set_postfix(train=f"{ev['train_acc']:.3f}", test=f"{ev['test_acc']:.3f}",
-                    iso=f"{ev['isometry']:.1e}", refresh=False)
-    bar.update(config.eval_every)
+  epoch, earlier_wall, resumed_from = 0, 0.0, None
+  latest = checkpoints.latest_epoch() if checkpoints is not None else None
+  if latest is not None:
+    params, opt_state, meta = checkpoints.restore(latest, params, opt_state)
+    if meta.get("seed") != seed or meta.get("epoch") != latest:
+      raise CommandError(f"checkpoint {checkpoints.directory} holds seed {meta.get('seed')}"
+                         f" at epoch {meta.get('epoch')}, not seed {seed} at {latest};"
+                         " move it away to train this run afresh.")
+    epoch, history, earlier_wall = latest, meta["history"], float(meta["wall_time"])
+    resumed_from = latest
+    print(f"  {arm_name} seed {seed}: resuming from the checkpoint at epoch {latest}",
+          flush=True)
+  else:
+    record(0, evaluate(params, data))
+
+  def save():
+    checkpoints.save(epoch, params, opt_state, {
+        "epoch": epoch, "seed": int(seed), "arm": arm_name, "history": history,
+        "wall_time": earlier_wall + time.perf_counter() - start})
+
+  bar = tqdm(total=config.epochs, initial=epoch, desc=f"{arm_name} seed {seed}",
+             unit="epoch", disable=not progress, leave=True, file=sys.stderr)
+  with _StopRequest() as stop:
+    while epoch < config.epochs:
+      params, opt_state, ev = train_chunk(params, opt_state, data)
+      epoch += config.eval_every
+      ev = record(epoch, ev)
+      bar.set_postfix(train=f"{ev['train_acc']:.3f}", test=f"{ev['test_acc']:.3f}",
+                      iso=f"{ev['isometry']:.1e}", refresh=False)
+      bar.update(config.eval_every)
+      if checkpoints is not None and epoch < config.epochs and (
+          stop.requested or (checkpoint_every and epoch % checkpoint_every == 0)):
+        save()
+      if stop.requested and epoch < config.epochs:
+        bar.close()
+        where = f"; checkpoint at epoch {epoch}" if checkpoints is not None else ""
+        print(f"stiefax grok: stopped {arm_name} seed {seed} at epoch {epoch}{where};"
+              " the same command resumes it", file=sys.stderr, flush=True)
+        raise KeyboardInterrupt
   bar.close()
-  wall = time.perf_counter() - start
+  if checkpoints is not None:
+    checkpoints.close()
+  wall = earlier_wall + time.perf_counter() - start
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
   return {
       "experiment": "grok",
@@ -450,6 +586,7 @@ def train(config: GrokConfig, arm_name: str, seed: int, *, progress: bool = True
       "metrics": run_metrics(history, config),
       "history": history,
       "wall_time": wall,
+      "resumed_from": resumed_from,
   }
 
 
@@ -475,6 +612,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="directory for one JSON file per run (default: runs/grok)")
   parser.add_argument("--stabilize", action="store_true",
                       help="Power et al. setting: b2 0.98 and a 10-step linear warm-up")
+  parser.add_argument("--checkpoint-every", type=int, default=None,
+                      help="epochs between checkpoints of an unfinished run, rounded up to"
+                           " a multiple of --eval-every; 0: only on Ctrl-C (default: 1000)")
 
 
 def _parse_arms(text: Optional[str], default: Sequence[str]) -> list[str]:
@@ -526,7 +666,16 @@ def resolve_config(args: argparse.Namespace) -> tuple[GrokConfig, list[str], lis
     raise CommandError(
         f"--epochs {config.epochs} is not a multiple of --eval-every {config.eval_every};"
         " every evaluation window must have the same length (one compiled program).")
+  every = getattr(args, "checkpoint_every", None)
+  if every is not None and every < 0:
+    raise CommandError(f"--checkpoint-every {every} must be >= 0 (0: only on Ctrl-C).")
   return config, _parse_arms(args.arms, preset["arms"]), _parse_seeds(args.seeds, preset["seeds"])
+
+
+def checkpoint_interval(config: GrokConfig, every: Optional[int]) -> int:
+  """``every`` (default 1000) rounded up to a multiple of ``eval_every``; 0 stays 0."""
+  every = 1000 if every is None else every
+  return -(-every // config.eval_every) * config.eval_every if every else 0
 
 
 def run_identity(config: GrokConfig, arm: str, preset: str) -> dict:
@@ -670,10 +819,14 @@ def run(args: argparse.Namespace) -> int:
           continue
         done = _finished(job.path, job.identity, job.seed, repair=True)  # finished meanwhile?
         if done:
+          if job.path.with_suffix(".ckpt").exists():  # left by a process ended just after
+            Checkpoints(job.path.with_suffix(".ckpt")).remove()
           records[key] = done
           progressed = True
           continue
-        record = train(config, job.arm, job.seed)
+        checkpoints = Checkpoints(job.path.with_suffix(".ckpt"))
+        record = train(config, job.arm, job.seed, checkpoints=checkpoints,
+                       checkpoint_every=checkpoint_interval(config, args.checkpoint_every))
         record["config"].update(preset=args.preset, stabilize=bool(args.stabilize),
                                 setting=setting)
         record["run_id"] = store.digest(job.identity)
@@ -684,6 +837,7 @@ def run(args: argparse.Namespace) -> int:
           store.write_json(job.path, record)
         except OSError as e:
           raise CommandError(f"cannot write {job.path} ({e.strerror or e}).") from None
+        checkpoints.remove()  # the result is written: the training state is not needed
         records[key] = record
         progressed = True
     if len(records) < len(jobs) and not progressed:
