@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from benchmarks import train_step, update_step, vs_geoopt
+from benchmarks import grok_seeds, train_step, update_step, vs_geoopt
 
 
 def _main(module, argv, capsys, monkeypatch):
@@ -28,6 +28,16 @@ def test_update_step_table_and_summary(capsys, monkeypatch):
 def test_train_step_summary(capsys, monkeypatch):
   out = _main(train_step, ["--batch", "8", "--reps", "2"], capsys, monkeypatch)
   assert re.search(r"^summary: training step .* B2 [0-9.]+ ms vs A2 [0-9.]+ ms: [0-9.]+x$", out, re.M)
+
+
+def test_grok_seeds_ratio(capsys, monkeypatch):
+  from stiefax.experiments import grok  # pylint: disable=g-import-not-at-top
+  from tests.test_grok import TINY  # pylint: disable=g-import-not-at-top
+
+  monkeypatch.setitem(grok.PRESETS, "tiny", dict(config=TINY, arms=("B2",), seeds=(0,)))
+  out = _main(grok_seeds, ["--preset", "tiny", "--seeds", "2", "--window", "2", "--reps", "1"],
+              capsys, monkeypatch)
+  assert re.search(r"^  vmapped / separate = [0-9.]+$", out, re.M)
 
 
 @pytest.mark.skipif(

@@ -455,3 +455,37 @@ def test_eps_probe_uses_the_main_study_as_its_reference(tmp_path):
   rows = {line.split()[0]: line for line in text.splitlines() if line.startswith("1e-")}
   assert rows["1e-08"].split()[1] == "3" and "-2.90" in rows["1e-01"]
   assert "0/3" in rows["1e-01"] and (tmp_path / "patches_sweep_eps_B2.png").is_file()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "missing-array"])
+def test_damaged_cache_files_are_rebuilt_with_a_notice(cifar, image_folder, tmp_path, capsys,
+                                                       damage):
+  images = patch_data.load_images(str(cifar["folder"]))
+  kw = dict(n_train=64, patch=8, d=16, cache_dir=tmp_path, whiten_eps=0.1)
+  data = patch_data.prepare(images, **kw)
+  folder = patch_data.load_images(str(image_folder["archive"]), cache_dir=tmp_path)
+  files = sorted(tmp_path.glob("*.npz"))
+  assert [f.name.split("-")[0] for f in files] == ["images", "patches"]
+  for f in files:
+    raw = f.read_bytes()
+    if damage == "truncate":
+      f.write_bytes(raw[: len(raw) // 2])
+    elif damage == "garbage":
+      f.write_bytes(b"not a zip file at all" * 10)
+    else:
+      with np.load(f) as z:
+        arrays = {k: z[k] for k in z.files if k not in ("meta", "w_proj")}
+      with open(f, "wb") as fh:
+        np.savez(fh, **arrays)
+  capsys.readouterr()
+  again = patch_data.prepare(images, **kw)
+  folder_again = patch_data.load_images(str(image_folder["archive"]), cache_dir=tmp_path)
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 2 and all("is damaged" in ln and "rebuilding it" in ln for ln in err)
+  assert {pathlib.Path(ln.split("cache file ")[1].split(" is damaged")[0]) for ln in err} \
+      == set(files)
+  np.testing.assert_array_equal(again.train_x, data.train_x)
+  np.testing.assert_array_equal(folder_again.train_x, folder.train_x)
+  patch_data.prepare(images, **kw)  # the rebuilt files read back silently
+  patch_data.load_images(str(image_folder["archive"]), cache_dir=tmp_path)
+  assert capsys.readouterr().err == ""

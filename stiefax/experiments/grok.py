@@ -21,24 +21,35 @@ Stiefel arms start from the polar factor of the default W_Q, W_K initialization;
 every other parameter, and the train/held-out split, are shared by all arms of a seed.
 
 Presets:
-  quick (default)  A2,B2 at seed 0, 200 epochs, evaluation every 20. The paper's
-                   model, task and optimizers; only the epoch budget is cut (the
-                   paper: 20 000 epochs), which is enough to see memorization
-                   (train accuracy >= 0.99 by epoch ~100) and the isometry contrast
-                   (A2 far above 1e-2, B2 at float32 rounding), not grokking.
-                   Measured: 5 minutes on a 2-core CPU shared with other heavy
-                   jobs (about 2.3 CPU-minutes of work).
+  quick (default)  A2,B2 at seed 0: the paper's model family (2-layer, 4-head, d=128,
+                   r=32 pre-LN encoder, same readout, same optimizers) on a smaller
+                   task, c = (a + b) mod 23 with 70% of the 529 pairs training, in the
+                   Power et al. setting (b2 0.98, 10-step warm-up) with weight decay
+                   5.0, for 800 epochs (evaluation every 50). Both arms memorize
+                   within 50 epochs, A2 groks (held-out >= 0.95) within the budget,
+                   and the isometry contrast shows (A2 far above 1e-2, B2 at float32
+                   rounding). Measured time: see the README.
   paper            the exact configuration: 20 000 epochs, evaluation every 100
                    (about 95 minutes per arm on a 2-core CPU).
 --stabilize runs the Power et al. setting (b2 0.98 and a 10-step linear warm-up, for
 the AdamW and the Riemannian rate alike).
 
-Each run writes OUT/<arm>[-stab]_seed<seed>.json; `stiefax report OUT` prints the
-paper-style tables (memorized / grokked / sustained k/n, tail means, paired
-differences against A2) and writes PNG plots.
+Each run writes OUT/<arm>[-stab]-<preset>-e<epochs>-<hash>-s<seed>.json, where the
+hash covers the whole configuration (every hyperparameter, the budget, the arm), so no
+two configurations share a file; the file records the command that reruns it and the
+code's commit. A finished run is never trained again nor overwritten: the same command
+skips it. An unfinished run keeps an Orbax checkpoint (parameters, optimizer state,
+history) in <run>.ckpt every --checkpoint-every epochs and on Ctrl-C; the same
+command resumes it, to the same result as an uninterrupted run. Each run is claimed by
+a lock (<run>.lock), so several processes can share one --out: each trains different
+runs and waits for the others' runs. --vmap-seeds trains the seeds of an arm as one
+program, the seed a batch axis. `stiefax report OUT` prints the paper-style tables
+(memorized / grokked / sustained k/n, tail means, paired differences against A2) and
+writes PNG plots.
 
 Examples:
   stiefax grok
+  stiefax grok --preset paper --arms A2,B2 --seeds 0      # Ctrl-C and rerun: resumes
   stiefax grok --preset paper --arms A2,B2,B2m,B2m-can,B2-frz --seeds 0
   stiefax grok --preset paper --arms A2,B2,B2-frz --seeds 0,1,2,3,4 --stabilize
 """
@@ -96,9 +107,11 @@ class GrokConfig:
 PAPER = GrokConfig()
 STABILIZED = dict(b2=0.98, warmup=10)  # Power et al. (2022)
 
+QUICK = dataclasses.replace(PAPER, modulus=23, train_fraction=0.7, weight_decay=5.0,
+                            **STABILIZED, epochs=800, eval_every=50)
+
 PRESETS = {
-    "quick": dict(config=dataclasses.replace(PAPER, epochs=200, eval_every=20),
-                  arms=("A2", "B2"), seeds=(0,)),
+    "quick": dict(config=QUICK, arms=("A2", "B2"), seeds=(0,)),
     "paper": dict(config=PAPER, arms=("A2", "B2"), seeds=(0,)),
 }
 
@@ -343,11 +356,14 @@ def make_optimizer(config: GrokConfig, arm: Arm):
 
 
 @functools.lru_cache(maxsize=None)
-def _programs(config: GrokConfig, arm: Arm):
+def _programs(config: GrokConfig, arm: Arm, vmapped: bool = False, donate: bool = True):
   """Jitted ``(init_state, train_chunk, evaluate)``, shared by every seed of an arm.
 
   ``train_chunk`` is one compiled program: ``jax.lax.scan`` over ``eval_every``
-  full-batch steps, followed by the evaluation.
+  full-batch steps, followed by the evaluation. ``vmapped``: ``train_chunk`` and
+  ``evaluate`` take every argument with a leading seed axis (``jax.vmap``), so all the
+  seeds of an arm train as one program (``init_state`` stays per seed). ``donate``:
+  ``train_chunk`` reuses the buffers of its parameter and state arguments.
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -393,64 +409,256 @@ def _programs(config: GrokConfig, arm: Arm):
     ev.update({k: jnp.mean(v) for k, v in elr.items()})  # mean over the chunk's steps
     return params, opt_state, ev
 
-  return (jax.jit(tx.init), jax.jit(train_chunk, donate_argnums=(0, 1)),
-          jax.jit(evaluate))
+  batch = jax.vmap if vmapped else (lambda f: f)
+  return (jax.jit(tx.init),
+          jax.jit(batch(train_chunk), donate_argnums=(0, 1) if donate else ()),
+          jax.jit(batch(evaluate)))
 
 
-def train(config: GrokConfig, arm_name: str, seed: int, *, progress: bool = True) -> dict:
-  """Trains one arm from one seed; returns the run record (the JSON schema)."""
+class Checkpoints:
+  """A run's training state on disk (Orbax), for resuming an interrupted run.
+
+  One checkpoint (the latest) is kept in ``directory``: the parameters and optimizer
+  state (``state``, an Orbax ``StandardSave`` of the arrays), and as JSON (``meta``) the
+  epoch reached, the evaluation history so far, the wall time spent and the seed. The
+  training loop draws no random numbers after initialization (full batch, no dropout),
+  so the seed is all the random state there is. Orbax writes each checkpoint to a
+  temporary folder and renames it when complete: a process killed while saving leaves
+  the previous checkpoint.
+  """
+
+  def __init__(self, directory: pathlib.Path):
+    self.directory = pathlib.Path(directory).resolve()
+    self._manager = None
+
+  def _open(self):
+    if self._manager is None:
+      import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+      options = ocp.CheckpointManagerOptions(max_to_keep=1, create=True,
+                                             enable_async_checkpointing=False)
+      self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                            item_names=("state", "meta"))
+    return self._manager
+
+  def latest_epoch(self) -> Optional[int]:
+    if not self.directory.is_dir():
+      return None
+    return self._open().latest_step()
+
+  def save(self, epoch: int, params, opt_state, meta: dict) -> None:
+    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+    self._open().save(epoch, args=ocp.args.Composite(
+        state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
+        meta=ocp.args.JsonSave(meta)), force=True)
+
+  def restore(self, epoch: int, params, opt_state) -> tuple[Any, Any, dict]:
+    """``(params, opt_state, meta)`` saved at ``epoch``; ``params``, ``opt_state``
+    give the tree structure, shapes and dtypes."""
+    import jax  # pylint: disable=g-import-not-at-top
+    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+    target = {"params": params, "opt_state": opt_state}
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+    got = self._open().restore(epoch, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+    # Orbax returns optax's named tuples as plain tuples: rebuild the original tree.
+    state = jax.tree.unflatten(jax.tree.structure(target), jax.tree.leaves(got["state"]))
+    return state["params"], state["opt_state"], dict(got["meta"])
+
+  def close(self) -> None:
+    if self._manager is not None:
+      self._manager.close()
+      self._manager = None
+
+  def remove(self) -> None:
+    import shutil  # pylint: disable=g-import-not-at-top
+
+    self.close()
+    shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class _StopRequest:
+  """While active, SIGINT asks the training loop to stop at the next evaluation.
+
+  A second SIGINT stops at once (``KeyboardInterrupt``). Outside the main thread, where
+  signal handlers cannot be set, SIGINT keeps its default behaviour.
+  """
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def _handler(self, signum, frame):
+    del frame
+    if self.requested:
+      raise KeyboardInterrupt
+    self.requested = True
+    print("\nstiefax grok: stopping at the next evaluation and saving a checkpoint"
+          " (Ctrl-C again to stop now)", file=sys.stderr, flush=True)
+
+  def __enter__(self):
+    import signal  # pylint: disable=g-import-not-at-top
+    import threading  # pylint: disable=g-import-not-at-top
+
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGINT, self._handler)
+    return self
+
+  def __exit__(self, *exc):
+    import signal  # pylint: disable=g-import-not-at-top
+
+    if self._previous is not None:
+      signal.signal(signal.SIGINT, self._previous)
+      self._previous = None
+
+
+def train(config: GrokConfig, arm_name: str, seed: int, *, progress: bool = True,
+          checkpoints: Optional[Checkpoints] = None, checkpoint_every: int = 0) -> dict:
+  """Trains one arm from one seed; returns the run record (the JSON schema).
+
+  With ``checkpoints``, a run starts from the latest checkpoint there if there is one,
+  saves one every ``checkpoint_every`` epochs (0: never) and, on SIGINT, saves one at
+  the next evaluation and raises ``KeyboardInterrupt``. The arithmetic of a resumed run
+  is that of the uninterrupted run: the same compiled programs on the same arrays.
+  """
+  return train_seeds(config, arm_name, [seed], progress=progress,
+                     checkpoints=None if checkpoints is None else [checkpoints],
+                     checkpoint_every=checkpoint_every, vmap=False)[0]
+
+
+def _stack(trees):
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def _unstack(tree, n: int) -> list:
+  import jax  # pylint: disable=g-import-not-at-top
+
+  return [jax.tree.map(lambda x, i=i: x[i], tree) for i in range(n)]
+
+
+def train_seeds(config: GrokConfig, arm_name: str, seeds: Sequence[int], *,
+                progress: bool = True, checkpoints: Optional[Sequence[Checkpoints]] = None,
+                checkpoint_every: int = 0, vmap: bool = True) -> list[dict]:
+  """Trains one arm from several seeds in step; returns one run record per seed.
+
+  ``vmap``: the seeds are a batch axis of one compiled program (``jax.vmap`` of the
+  per-seed program: the same arithmetic, batched), else there must be one seed. Every
+  seed's checkpoints (see :func:`train`) are its own, so a run started with or without
+  ``vmap`` resumes either way; the seeds must have been checkpointed at the same epoch.
+  """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
 
+  seeds = [int(s) for s in seeds]
+  if not vmap and len(seeds) != 1:
+    raise ValueError(f"train_seeds: {len(seeds)} seeds need vmap=True.")
+  n = len(seeds)
   arm = ARMS[arm_name]
   start = time.perf_counter()
-  data = {k: jnp.asarray(v) for k, v in make_data(config, seed).items()}
-  params = init_params(config, arm, seed)
-  opt_init, train_chunk, evaluate = _programs(config, arm)
-  opt_state = opt_init(params)
-  history = {k: [] for k in ("epoch", "train_acc", "test_acc", "train_loss",
-                             "isometry", "isometry_key")}
+  datas = [{k: jnp.asarray(v) for k, v in make_data(config, s).items()} for s in seeds]
+  params = [init_params(config, arm, s) for s in seeds]
+  opt_init, train_chunk, evaluate = _programs(config, arm, vmap)
+  opt_state = [opt_init(p) for p in params]
+  histories = [{k: [] for k in ("epoch", "train_acc", "test_acc", "train_loss",
+                                "isometry", "isometry_key")} for _ in seeds]
 
   def record(epoch, ev):
     ev = jax.device_get(ev)
-    history["epoch"].append(int(epoch))
-    for k, v in ev.items():
-      # ELR histories start at the first chunk (no update before epoch 0).
-      history.setdefault(k, []).append(float(v))
-    return ev
+    for i, history in enumerate(histories):
+      history["epoch"].append(int(epoch))
+      for k, v in ev.items():
+        # ELR histories start at the first chunk (no update before epoch 0).
+        history.setdefault(k, []).append(float(v[i] if vmap else v))
+    return {k: v[0] if vmap else v for k, v in ev.items()}
 
-  record(0, evaluate(params, data))
-  bar = tqdm(total=config.epochs, desc=f"{arm_name} seed {seed}", unit="epoch",
+  epoch, earlier_wall, resumed_from = 0, [0.0] * n, None
+  latest = {checkpoints[i].latest_epoch() for i in range(n)} if checkpoints else {None}
+  if len(latest) > 1:
+    raise CommandError(f"{arm_name} seeds {seeds}: checkpoints at different epochs"
+                       f" {sorted(latest, key=str)}; train them in separate commands.")
+  latest = latest.pop()
+  if latest is not None:
+    for i, s in enumerate(seeds):
+      params[i], opt_state[i], meta = checkpoints[i].restore(latest, params[i], opt_state[i])
+      if meta.get("seed") != s or meta.get("epoch") != latest:
+        raise CommandError(
+            f"checkpoint {checkpoints[i].directory} holds seed {meta.get('seed')} at epoch"
+            f" {meta.get('epoch')}, not seed {s} at {latest}; move it away to train this"
+            " run afresh.")
+      histories[i], earlier_wall[i] = meta["history"], float(meta["wall_time"])
+    epoch = resumed_from = latest
+    print(f"  {arm_name} seed{'s' * (n > 1)} {','.join(map(str, seeds))}: resuming from the"
+          f" checkpoint at epoch {latest}", flush=True)
+  if vmap:
+    params, opt_state = _stack(params), _stack(opt_state)
+    data = _stack(datas)
+  else:
+    params, opt_state, data = params[0], opt_state[0], datas[0]
+  if latest is None:
+    record(0, evaluate(params, data))
+
+  def save():
+    per_seed = zip(_unstack(params, n), _unstack(opt_state, n)) if vmap else [
+        (params, opt_state)]
+    for i, (p, o) in enumerate(per_seed):
+      checkpoints[i].save(epoch, p, o, {
+          "epoch": epoch, "seed": seeds[i], "arm": arm_name, "history": histories[i],
+          "wall_time": earlier_wall[i] + time.perf_counter() - start})
+
+  desc = f"{arm_name} seed{'s' * (n > 1)} {','.join(map(str, seeds))}"
+  bar = tqdm(total=config.epochs, initial=epoch, desc=desc, unit="epoch",
              disable=not progress, leave=True, file=sys.stderr)
-  epoch = 0
-  while epoch < config.epochs:
-    params, opt_state, ev = train_chunk(params, opt_state, data)
-    epoch += config.eval_every
-    ev = record(epoch, ev)
-    bar.set_postfix(train=f"{ev['train_acc']:.3f}", test=f"{ev['test_acc']:.3f}",
-                    iso=f"{ev['isometry']:.1e}", refresh=False)
-    bar.update(config.eval_every)
+  with _StopRequest() as stop:
+    while epoch < config.epochs:
+      params, opt_state, ev = train_chunk(params, opt_state, data)
+      epoch += config.eval_every
+      ev = record(epoch, ev)
+      bar.set_postfix(train=f"{ev['train_acc']:.3f}", test=f"{ev['test_acc']:.3f}",
+                      iso=f"{ev['isometry']:.1e}", refresh=False)
+      bar.update(config.eval_every)
+      if checkpoints and epoch < config.epochs and (
+          stop.requested or (checkpoint_every and epoch % checkpoint_every == 0)):
+        save()
+      if stop.requested and epoch < config.epochs:
+        bar.close()
+        where = f"; checkpoint at epoch {epoch}" if checkpoints else ""
+        print(f"stiefax grok: stopped {desc} at epoch {epoch}{where};"
+              " the same command resumes it", file=sys.stderr, flush=True)
+        raise KeyboardInterrupt
   bar.close()
+  for c in checkpoints or ():
+    c.close()
   wall = time.perf_counter() - start
-  n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
-  return {
-      "experiment": "grok",
-      "arm": arm_name,
-      "seed": int(seed),
-      "config": {
-          **dataclasses.asdict(config),
-          "arm": dataclasses.asdict(arm),
-          "n_train": int(data["y_train"].shape[0]),
-          "n_test": int(data["y_test"].shape[0]),
-          "n_params": n_params,
-          "jax_version": jax.__version__,
-          "backend": jax.default_backend(),
-      },
-      "metrics": run_metrics(history, config),
-      "history": history,
-      "wall_time": wall,
-  }
+  per_seed = _unstack(params, n) if vmap else [params]
+  records = []
+  for i, s in enumerate(seeds):
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(per_seed[i]))
+    records.append({
+        "experiment": "grok",
+        "arm": arm_name,
+        "seed": s,
+        "config": {
+            **dataclasses.asdict(config),
+            "arm": dataclasses.asdict(arm),
+            "n_train": int(datas[i]["y_train"].shape[0]),
+            "n_test": int(datas[i]["y_test"].shape[0]),
+            "n_params": n_params,
+            "jax_version": jax.__version__,
+            "backend": jax.default_backend(),
+        },
+        "metrics": run_metrics(histories[i], config),
+        "history": histories[i],
+        "wall_time": earlier_wall[i] + wall,  # with vmap: the batch's time, shared
+        "vmapped_seeds": seeds if vmap else None,
+        "resumed_from": resumed_from,
+    })
+  return records
 
 
 # ----------------------------------------------------------------------------
@@ -475,6 +683,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="directory for one JSON file per run (default: runs/grok)")
   parser.add_argument("--stabilize", action="store_true",
                       help="Power et al. setting: b2 0.98 and a 10-step linear warm-up")
+  parser.add_argument("--vmap-seeds", action="store_true",
+                      help="train the seeds of an arm as one program, the seed a batch axis"
+                           " (jax.vmap; pays on an accelerator)")
+  parser.add_argument("--checkpoint-every", type=int, default=None,
+                      help="epochs between checkpoints of an unfinished run, rounded up to"
+                           " a multiple of --eval-every; 0: only on Ctrl-C (default: 1000)")
 
 
 def _parse_arms(text: Optional[str], default: Sequence[str]) -> list[str]:
@@ -526,11 +740,57 @@ def resolve_config(args: argparse.Namespace) -> tuple[GrokConfig, list[str], lis
     raise CommandError(
         f"--epochs {config.epochs} is not a multiple of --eval-every {config.eval_every};"
         " every evaluation window must have the same length (one compiled program).")
+  every = getattr(args, "checkpoint_every", None)
+  if every is not None and every < 0:
+    raise CommandError(f"--checkpoint-every {every} must be >= 0 (0: only on Ctrl-C).")
   return config, _parse_arms(args.arms, preset["arms"]), _parse_seeds(args.seeds, preset["seeds"])
 
 
-def run_file_name(arm: str, seed: int, stabilize: bool) -> str:
-  return f"{arm}{'-stab' if stabilize else ''}_seed{seed}.json"
+def checkpoint_interval(config: GrokConfig, every: Optional[int]) -> int:
+  """``every`` (default 1000) rounded up to a multiple of ``eval_every``; 0 stays 0."""
+  every = 1000 if every is None else every
+  return -(-every // config.eval_every) * config.eval_every if every else 0
+
+
+def run_identity(config: GrokConfig, arm: str, preset: str) -> dict:
+  """What decides a run's result, except its seed: the preset, every field of
+  ``config`` (budget, model, optimizer, thresholds) and the arm's definition."""
+  return {"experiment": "grok", "preset": preset, "arm": arm,
+          "arm_definition": dataclasses.asdict(ARMS[arm]), **dataclasses.asdict(config)}
+
+
+def record_identity(record: dict) -> dict:
+  """:func:`run_identity` of a written run (``KeyError`` if its config lacks a field)."""
+  c = record["config"]
+  fields = {f.name: c[f.name] for f in dataclasses.fields(GrokConfig)}
+  return {"experiment": "grok", "preset": c.get("preset"), "arm": record["arm"],
+          "arm_definition": c["arm"], **fields}
+
+
+def run_file_name(config: GrokConfig, arm: str, seed: int, preset: str,
+                  stabilize: bool = False) -> str:
+  """``<arm>[-stab]-<preset>-e<epochs>-<config hash>-s<seed>.json``.
+
+  The hash (:func:`stiefax.experiments.store.digest` of :func:`run_identity`) makes the
+  name a function of the whole configuration: runs that differ in any setting, the
+  budget included, never share a file.
+  """
+  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+
+  digest = store.digest(run_identity(config, arm, preset))
+  return (f"{arm}{'-stab' if stabilize else ''}-{preset}-e{config.epochs}-{digest}"
+          f"-s{seed}.json")
+
+
+def run_command(config: GrokConfig, arm: str, seed: int, preset: str, stabilize: bool,
+                out) -> str:
+  """The ``stiefax grok`` command line that reruns (or resumes) exactly this run."""
+  import shlex  # pylint: disable=g-import-not-at-top
+
+  return " ".join(["stiefax", "grok", "--preset", preset, "--epochs", str(config.epochs),
+                   "--eval-every", str(config.eval_every), "--arms", arm, "--seeds",
+                   str(seed)] + (["--stabilize"] if stabilize else [])
+                  + ["--out", shlex.quote(str(out))])
 
 
 def _fmt_epoch(e) -> str:
@@ -538,49 +798,223 @@ def _fmt_epoch(e) -> str:
 
 
 def summary_table(records: Sequence[dict]) -> str:
-  """One line per run: the metrics and wall time."""
-  head = (f"{'arm':<8} {'seed':>4} {'memorized':>9} {'grokked':>8} {'sustained':>9}"
-          f" {'end acc':>8} {'tail':>6} {'iso init':>9} {'iso final':>9} {'iso max':>9}"
-          f" {'wall s':>7}")
+  """One line per run: the epochs of the first crossings, accuracies, isometry, time.
+
+  ``mem epoch``, ``grok epoch``: first evaluation with train accuracy >= 0.99 and
+  held-out accuracy >= 0.95; ``sust epoch``: first of ``sustain_k`` such evaluations in
+  a row (``-``: not within the budget).
+  """
+  head = (f"{'arm':<8} {'seed':>4} {'mem epoch':>9} {'grok epoch':>10} {'sust epoch':>10}"
+          f" {'end held-out':>12} {'tail held-out':>13} {'iso init':>9} {'iso final':>9}"
+          f" {'iso max':>9} {'wall s':>7}")
   lines = [head, "-" * len(head)]
   for r in records:
     m = r["metrics"]
     lines.append(
         f"{r['arm']:<8} {r['seed']:>4} {_fmt_epoch(m['memorized_epoch']):>9}"
-        f" {_fmt_epoch(m['grokked_epoch']):>8} {_fmt_epoch(m['sustained_epoch']):>9}"
-        f" {m['end_test_acc']:>8.4f} {m['tail_test_acc']:>6.3f}"
+        f" {_fmt_epoch(m['grokked_epoch']):>10} {_fmt_epoch(m['sustained_epoch']):>10}"
+        f" {m['end_test_acc']:>12.4f} {m['tail_test_acc']:>13.4f}"
         f" {m['initial_isometry']:>9.2e} {m['final_isometry']:>9.2e}"
         f" {m['max_isometry']:>9.2e} {r['wall_time']:>7.1f}")
   return "\n".join(lines)
 
 
+def summary_words(records: Sequence[dict]) -> str:
+  """The runs in plain words: when each memorized and grokked, accuracy, isometry."""
+  lines = []
+  for r in records:
+    m, c = r["metrics"], r["config"]
+    epochs = r["history"]["epoch"][-1]
+    text = f"{r['arm']} seed {r['seed']}: "
+    text += (f"memorized (train accuracy >= {c['memorize_threshold']:g}) at epoch"
+             f" {m['memorized_epoch']}" if m["memorized_epoch"] is not None
+             else f"did not memorize within {epochs} epochs")
+    if m["grokked_epoch"] is not None:
+      text += (f"; grokked (held-out accuracy >= {c['grok_threshold']:g}) at epoch"
+               f" {m['grokked_epoch']}")
+      text += (f", {c['sustain_k']} evaluations in a row from epoch {m['sustained_epoch']}"
+               if m["sustained_epoch"] is not None
+               else f", never {c['sustain_k']} evaluations in a row")
+    else:
+      peak = max(r["history"]["test_acc"])
+      text += f"; did not grok within {epochs} epochs (held-out peak {peak:.3f})"
+    text += (f"; held-out accuracy {m['end_test_acc']:.3f} at the end,"
+             f" {m['tail_test_acc']:.3f} over the last {c['tail_fraction']:.0%} of the run")
+    iso = m["max_isometry_after_init"]
+    text += (f"; W_Q, W_K {'stayed on' if iso < 1e-4 else 'left'} the Stiefel manifold"
+             f" (isometry error up to {iso:.1e}).")
+    lines.append(text)
+  return "\n".join(lines)
+
+
+def _finished(path: pathlib.Path, identity: dict, seed: int,
+              repair: bool = False) -> Optional[dict]:
+  """The run written at ``path`` if it is this run (same identity and seed), else None.
+
+  With ``repair`` (only while holding the run's lock), a file there that is damaged or
+  holds another run is moved aside (never deleted), so that the run can be written.
+  """
+  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+
+  if not path.is_file():
+    return None
+  record, problem = store.read_json(path)
+  if problem is None:
+    try:
+      if record_identity(record) == identity and record["seed"] == seed:
+        return record
+      problem = "it holds another configuration"
+    except (KeyError, TypeError, AttributeError) as e:
+      problem = f"it lacks the field {e}"
+  if not repair:
+    return None
+  aside = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+  os.replace(path, aside)
+  print(f"stiefax grok: {path} is unusable ({problem}); moved it to {aside.name}"
+        " and training the run again", file=sys.stderr, flush=True)
+  return None
+
+
+@dataclasses.dataclass
+class _Job:
+  """One (arm, seed) of the command and where its files live."""
+
+  arm: str
+  seed: int
+  path: pathlib.Path  # the result JSON
+  identity: dict
+
+  @property
+  def lock_path(self) -> pathlib.Path:
+    return self.path.with_suffix(".lock")
+
+
 def run(args: argparse.Namespace) -> int:
+  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+
   config, arms, seeds = resolve_config(args)
   out = writable_dir(args.out, "--out")
   setting = (f"preset={args.preset} epochs={config.epochs} eval_every={config.eval_every}"
              f"{' stabilize' if args.stabilize else ''}")
   print(f"stiefax grok: {setting}; arms {','.join(arms)}; seeds "
         f"{','.join(map(str, seeds))} -> {out}", flush=True)
-  records = []
-  for seed in seeds:
-    for arm in arms:
-      record = train(config, arm, seed)
+  jobs = [_Job(arm, seed, out / run_file_name(config, arm, seed, args.preset, args.stabilize),
+               run_identity(config, arm, args.preset))
+          for seed in seeds for arm in arms]
+  records: dict = {}
+  waiting: set = set()
+  every = checkpoint_interval(config, args.checkpoint_every)
+  vmap = bool(getattr(args, "vmap_seeds", False)) and len(seeds) > 1
+
+  def claim(job, locks) -> bool:
+    """True if this process now holds ``job`` (its lock in ``locks``) and must train it."""
+    key = (job.arm, job.seed)
+    done = _finished(job.path, job.identity, job.seed)
+    if done:
+      print(f"  {job.arm} seed {job.seed}: finished already ({job.path.name})", flush=True)
+      records[key] = done
+      return False
+    lock = store.RunLock(job.lock_path)
+    if not lock.acquire():
+      if key not in waiting:
+        holder = lock.holder() or {}
+        print(f"  {job.arm} seed {job.seed}: being trained by process"
+              f" {holder.get('pid', '?')} on {holder.get('host', '?')}; waiting for it",
+              flush=True)
+        waiting.add(key)
+      return False
+    locks.append(lock)
+    done = _finished(job.path, job.identity, job.seed, repair=True)  # finished meanwhile?
+    if done:
+      if job.path.with_suffix(".ckpt").exists():  # left by a process ended just after
+        Checkpoints(job.path.with_suffix(".ckpt")).remove()
+      records[key] = done
+      return False
+    return True
+
+  def train_batch(batch: list) -> None:
+    """Trains ``batch`` (jobs of one arm, checkpointed at the same epoch), writes them."""
+    checkpoints = [Checkpoints(job.path.with_suffix(".ckpt")) for job in batch]
+    results = train_seeds(config, batch[0].arm, [job.seed for job in batch],
+                          checkpoints=checkpoints, checkpoint_every=every, vmap=vmap)
+    for job, record, ckpt in zip(batch, results, checkpoints):
       record["config"].update(preset=args.preset, stabilize=bool(args.stabilize),
                               setting=setting)
-      path = out / run_file_name(arm, seed, args.stabilize)
+      record["run_id"] = store.digest(job.identity)
+      record["command"] = run_command(config, job.arm, job.seed, args.preset,
+                                      args.stabilize, out)
+      record["code"] = store.code_version()
       try:
-        path.write_text(json.dumps(record, indent=1, allow_nan=True))
+        store.write_json(job.path, record)
       except OSError as e:
-        raise CommandError(f"cannot write {path} ({e.strerror or e}).") from None
-      records.append(record)
-  print(summary_table(records))
-  print(f"wrote {len(records)} run(s) to {out}; tables and plots: stiefax report {out}")
+        raise CommandError(f"cannot write {job.path} ({e.strerror or e}).") from None
+      ckpt.remove()  # the result is written: the training state is not needed
+      records[(job.arm, job.seed)] = record
+
+  while len(records) < len(jobs):
+    before = len(records)
+    for arm in arms:
+      pending = [j for j in jobs if j.arm == arm and (j.arm, j.seed) not in records]
+      for candidates in ([pending] if vmap else [[j] for j in pending]):
+        locks: list = []
+        try:
+          claimed = [job for job in candidates if claim(job, locks)]
+          by_epoch: dict = {}  # seeds checkpointed at the same epoch train together
+          for job in claimed:
+            probe = Checkpoints(job.path.with_suffix(".ckpt"))
+            at = probe.latest_epoch()
+            probe.close()
+            by_epoch.setdefault(-1 if at is None else at, []).append(job)
+          for batch in by_epoch.values():
+            train_batch(batch)
+        finally:
+          for lock in locks:
+            lock.release()
+    if len(records) < len(jobs) and len(records) == before:
+      time.sleep(2.0)  # every remaining run is held by another process
+  ordered = [records[(j.arm, j.seed)] for j in jobs]
+  print(summary_table(ordered))
+  print()
+  print(summary_words(ordered))
+  print(f"{len(ordered)} run(s) in {out}; tables and plots: stiefax report {out}")
   return 0
 
 
 # ----------------------------------------------------------------------------
 # Report (called by `stiefax report`).
 # ----------------------------------------------------------------------------
+
+
+_METRICS = ("memorized_epoch", "grokked_epoch", "sustained_epoch", "end_train_acc",
+            "end_test_acc", "tail_test_acc", "final_isometry")
+_HISTORY = ("epoch", "train_acc", "test_acc", "isometry")
+
+
+def check_run(run: dict) -> Optional[str]:
+  """What a grokking run lacks for the report (``None`` if nothing); see ``stiefax report``."""
+  for key in _METRICS:
+    if key not in run["metrics"]:
+      return f"lacks the metric {key!r}"
+  history = run.get("history")
+  if not isinstance(history, dict):
+    return "lacks the field 'history'"
+  for key in _HISTORY:
+    if not isinstance(history.get(key), list) or not history[key]:
+      return f"lacks the history {key!r}"
+  if len({len(history[k]) for k in _HISTORY}) != 1:
+    return "its histories differ in length"
+  try:
+    record_identity(run)
+  except KeyError as e:
+    return f"lacks the config field {e}"
+  return None
+
+
+def run_key(run: dict) -> tuple:
+  """Two files hold the same run when they share :func:`record_identity` and seed."""
+  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+
+  return (store.digest(record_identity(run)), run["seed"])
 
 
 def _median(xs) -> str:
@@ -610,9 +1044,9 @@ def _table(runs: Sequence[dict]) -> str:
   by_arm: dict = {}
   for r in runs:
     by_arm.setdefault(r["arm"], []).append(r)
-  head = (f"{'arm':<8} {'n':>3} {'memorized':>9} {'grokked':>8} {'sustained':>9}"
-          f" {'med grok':>8} {'med sust':>8} {'end acc':>13} {'tail mean':>13}"
-          f" {'final iso':>9}")
+  head = (f"{'arm':<8} {'n':>3} {'mem k/n':>7} {'grok k/n':>8} {'sust k/n':>8}"
+          f" {'med grok epoch':>14} {'med sust epoch':>14} {'end held-out':>13}"
+          f" {'tail held-out':>13} {'final iso':>9}")
   lines = [head, "-" * len(head)]
   for arm in _arm_order(by_arm):
     rs = sorted(by_arm[arm], key=lambda r: r["seed"])
@@ -623,9 +1057,9 @@ def _table(runs: Sequence[dict]) -> str:
     tail_m, tail_s = stats.summarize([m["tail_test_acc"] for m in ms])
     iso = max(m["final_isometry"] for m in ms)
     lines.append(
-        f"{arm:<8} {n:>3} {count('memorized_epoch'):>9} {count('grokked_epoch'):>8}"
-        f" {count('sustained_epoch'):>9} {_median(m['grokked_epoch'] for m in ms):>8}"
-        f" {_median(m['sustained_epoch'] for m in ms):>8}"
+        f"{arm:<8} {n:>3} {count('memorized_epoch'):>7} {count('grokked_epoch'):>8}"
+        f" {count('sustained_epoch'):>8} {_median(m['grokked_epoch'] for m in ms):>14}"
+        f" {_median(m['sustained_epoch'] for m in ms):>14}"
         f" {end_m:>6.3f}±{end_s:<6.3f} {tail_m:>6.3f}±{tail_s:<6.3f} {iso:>9.2e}")
   lines.append("(k/n: runs that reached the threshold; ± is the sample std across seeds;"
                " final iso: max over runs of max|W_Q^T W_Q - I| at the last evaluation)")

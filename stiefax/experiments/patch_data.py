@@ -38,7 +38,10 @@ import json
 import os
 import pathlib
 import pickle
+import sys
 import tarfile
+import zipfile
+import zlib
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
@@ -117,14 +120,25 @@ def _save_npz(path: pathlib.Path, **arrays) -> None:
   os.replace(tmp, path)
 
 
-def _load_npz(path: pathlib.Path) -> Optional[dict]:
+def _load_npz(path: pathlib.Path, keys: Sequence[str]) -> Optional[dict]:
+  """The arrays of a cache file, or None if it is absent or damaged (it is rebuilt).
+
+  A file that cannot be read whole (truncated, corrupted, not a ``.npz``) or lacks one
+  of ``keys`` gets a one-line notice on stderr naming it.
+  """
   if not path.is_file():
     return None
   try:
     with np.load(path, allow_pickle=False) as z:
-      return {k: z[k] for k in z.files}
-  except (OSError, ValueError, EOFError):
-    return None  # a damaged cache file is rebuilt
+      arrays = {k: z[k] for k in z.files}
+    missing = [k for k in keys if k not in arrays]
+    if missing:
+      raise KeyError(f"no array {missing[0]!r}")
+    return arrays
+  except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
+    print(f"stiefax: cache file {path} is damaged ({_short(e)}); rebuilding it",
+          file=sys.stderr, flush=True)
+    return None
 
 
 # ----------------------------------------------------------------------------- readers
@@ -390,9 +404,17 @@ def load_images(data: Optional[str], *, order_seed: int = 0,
   ident = _file_id(path) if path.is_file() else _folder_id(path)
   key = _digest({"source": ident, "order_seed": order_seed, "version": CACHE_VERSION})
   cfile = pathlib.Path(cache_dir) / f"images-{key}.npz"
-  cached = _load_npz(cfile)
+  cached = _load_npz(cfile, ("train_x", "train_y", "test_x", "test_y", "meta"))
+  meta = None
   if cached is not None:
-    meta = json.loads(str(cached["meta"]))
+    try:
+      meta = json.loads(str(cached["meta"]))
+      meta = {k: meta[k] for k in ("name", "source_id", "classes", "pixel_max")}
+    except (ValueError, KeyError, TypeError) as e:
+      print(f"stiefax: cache file {cfile} is damaged ({_short(e)}); rebuilding it",
+            file=sys.stderr, flush=True)
+      meta = None
+  if meta is not None:
     return Images(meta["name"], meta["source_id"], cached["train_x"], cached["train_y"],
                   cached["test_x"], cached["test_y"], tuple(meta["classes"]),
                   meta["pixel_max"])
@@ -569,7 +591,8 @@ def prepare(images: Images, *, n_train: int, n_val: int = 0, patch: int = 8, d: 
   cfile = None
   if cache_dir is not None and images.name != "random":
     cfile = pathlib.Path(cache_dir) / f"patches-{images.name}-n{n_train}-d{d}-{_digest(config)}.npz"
-    z = _load_npz(cfile)
+    z = _load_npz(cfile, ("train_x", "train_y", "val_x", "val_y", "test_x", "test_y",
+                          "w_mean", "w_proj", "w_eigvals", "w_eps", "w_n_fit"))
     if z is not None:
       w = Whitening(z["w_mean"], z["w_proj"], z["w_eigvals"], float(z["w_eps"]),
                     int(z["w_n_fit"]))

@@ -49,13 +49,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import hashlib
 import json
 import math
-import os
 import pathlib
 import shlex
-import subprocess
 import time
 import types
 from typing import Any, Optional, Sequence
@@ -63,6 +60,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from stiefax.experiments import patch_data
+from stiefax.experiments import store
 from stiefax.experiments.cli import CommandError, writable_dir
 
 EXPERIMENT = "patches"
@@ -683,8 +681,7 @@ def run_identity(cfg: dict) -> dict:
 
 def config_hash(cfg: dict) -> str:
   """8 hex digits of the SHA-256 of :func:`run_identity`, canonical JSON."""
-  text = json.dumps(run_identity(cfg), sort_keys=True, separators=(",", ":"))
-  return hashlib.sha256(text.encode()).hexdigest()[:8]
+  return store.digest(run_identity(cfg))
 
 
 def _run_name(protocol: str, arm: str, cfg: dict, seed: int) -> str:
@@ -703,20 +700,12 @@ def _run_name(protocol: str, arm: str, cfg: dict, seed: int) -> str:
   return f"{name}-{config_hash(cfg)}-s{seed}.json".replace("+", "")
 
 
-def _code_version() -> dict:
-  """``{"version", "commit", "dirty"}`` of the stiefax source this process runs."""
-  import stiefax  # pylint: disable=g-import-not-at-top
+_code_version = store.code_version
 
-  root = pathlib.Path(stiefax.__file__).resolve().parent.parent
-  info = {"version": stiefax.__version__, "commit": None, "dirty": None}
-  try:
-    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True,
-                                    text=True, timeout=10, check=True).stdout.strip()
-    info["commit"] = git("rev-parse", "HEAD") or None
-    info["dirty"] = bool(git("status", "--porcelain", "--untracked-files=no", "--", "stiefax"))
-  except (OSError, subprocess.SubprocessError):
-    pass
-  return info
+
+def run_key(run: dict) -> tuple:
+  """Two files hold the same run when protocol, arm, :func:`config_hash` and seed agree."""
+  return (run["config"].get("protocol"), run["arm"], config_hash(run["config"]), run["seed"])
 
 
 def _quote(value) -> str:
@@ -782,10 +771,7 @@ def _execute(ctx: Context, protocol: str, arm: Arm, setting: Setting, knob: Opti
     rec = {"experiment": EXPERIMENT, "arm": arm.name, "seed": int(seed), "config": cfg,
            "command": run_command(protocol, arm.name, cfg, seed, str(ctx.out)),
            "code": _code_version(), **out}
-    ctx.out.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(rec, indent=1, allow_nan=True))
-    os.replace(tmp, path)
+    store.write_json(path, rec, overwrite=True)
     m = rec["metrics"]
     acc = m.get(f"{eval_split}_acc")
     print(f"  {arm.name:<11} seed {seed:<3} {eval_split} acc {100 * acc:6.2f}%  "

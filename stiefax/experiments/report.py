@@ -4,7 +4,11 @@ Reads every ``*.json`` run under DIR (recursively), groups the runs by their
 ``"experiment"`` field and hands each group to
 ``stiefax.experiments.<experiment>.report(runs, out_dir) -> str``, which returns the
 table text (printed here) and writes PNG plots into ``--plots`` (default: DIR).
-JSON files without an ``"experiment"`` field are not runs and are skipped.
+JSON files without an ``"experiment"`` field are not runs and are skipped. A run file
+that cannot be read, or lacks a field its report needs, is skipped with a one-line
+warning that names it; two files holding the same run (same configuration and seed)
+count once, with a warning. An experiment module may define ``check_run(run) -> str |
+None`` (what is missing) and ``run_key(run)`` (what makes two files the same run).
 
 Examples:
   stiefax report runs/grok
@@ -15,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import pathlib
 import sys
 
@@ -30,33 +33,84 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="directory for the PNG plots (default: DIR)")
 
 
+_RUN_FIELDS = {"arm": str, "seed": int, "config": dict, "metrics": dict}
+
+
+def check_run(run: dict, module=None) -> str | None:
+  """What keeps ``run`` from being reported (``None`` if nothing, or no report for it)."""
+  if module is None:
+    return None
+  for key, kind in _RUN_FIELDS.items():
+    if key not in run:
+      return f"lacks the field {key!r}"
+    if not isinstance(run[key], kind) or isinstance(run[key], bool):
+      return f"its field {key!r} is not a {kind.__name__}"
+  fn = getattr(module, "check_run", None)
+  return fn(run) if callable(fn) else None
+
+
+def run_key(run: dict, module=None):
+  """What makes two files the same run: the module's ``run_key``, else arm, config, seed."""
+  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+
+  if module is None:
+    return store.digest(run)  # no report for it: only identical files are one run
+  fn = getattr(module, "run_key", None)
+  if callable(fn):
+    return fn(run)
+  return (run["arm"], store.digest(run["config"]), run["seed"])
+
+
 def load_runs(directory: pathlib.Path) -> tuple[dict, list[str]]:
-  """``({experiment: [run, ...]}, [warning, ...])`` for the JSON runs under ``directory``."""
+  """``({experiment: [run, ...]}, [warning, ...])`` for the JSON runs under ``directory``.
+
+  Runs that cannot be reported, and second copies of a run, are left out with a warning.
+  """
+  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+
   groups: dict = {}
+  seen: dict = {}
   warnings = []
   for path in sorted(directory.rglob("*.json")):
-    try:
-      run = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-      warnings.append(f"skipped {path}: not readable JSON ({e})")
+    run, problem = store.read_json(path)
+    if problem is not None:
+      warnings.append(f"skipped {path}: not readable JSON ({problem})")
       continue
     if not isinstance(run, dict) or "experiment" not in run:
       continue
-    groups.setdefault(str(run["experiment"]), []).append(run)
+    experiment = str(run["experiment"])
+    module = _module(experiment)
+    try:
+      problem = check_run(run, module)
+      key = None if problem else (experiment, run_key(run, module))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+      problem, key = f"unusable run ({type(e).__name__}: {e})", None
+    if problem:
+      warnings.append(f"skipped {path}: {problem}")
+      continue
+    if key in seen:
+      warnings.append(f"skipped {path}: the same run (configuration and seed) as {seen[key]}")
+      continue
+    seen[key] = path
+    groups.setdefault(experiment, []).append(run)
   return groups, warnings
 
 
-def _reporter(experiment: str):
-  """The ``report`` function of ``stiefax.experiments.<experiment>``, or None."""
-  if not experiment.isidentifier() or experiment in ("cli", "report", "stats"):
+def _module(experiment: str):
+  """The module ``stiefax.experiments.<experiment>``, or None."""
+  if not experiment.isidentifier() or experiment in ("cli", "report", "stats", "store"):
     return None
   try:
-    module = importlib.import_module(f"stiefax.experiments.{experiment}")
+    return importlib.import_module(f"stiefax.experiments.{experiment}")
   except ModuleNotFoundError as e:
     if e.name == f"stiefax.experiments.{experiment}":
       return None
     raise
-  fn = getattr(module, "report", None)
+
+
+def _reporter(experiment: str):
+  """The ``report`` function of ``stiefax.experiments.<experiment>``, or None."""
+  fn = getattr(_module(experiment), "report", None)
   return fn if callable(fn) else None
 
 
