@@ -27,6 +27,8 @@ __all__ = [
     "polar",
     "newton_schulz_iterations",
     "inverse_sqrt",
+    "qr_retract",
+    "cayley_retract",
     "compute_dtype",
 ]
 

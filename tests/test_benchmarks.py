@@ -25,6 +25,14 @@ def test_update_step_table_and_summary(capsys, monkeypatch):
   assert re.search(r"^summary: .*\(8,128,16\) [0-9.]+x", out, re.M)
 
 
+def test_update_step_family_rows(capsys, monkeypatch):
+  out = _main(update_step, ["--quick", "--methods", "auto", "--reps", "1", "--family",
+                            "--shapes", "(4,128,32)"], capsys, monkeypatch)
+  rows = [line for line in out.splitlines() if line.startswith("(8,128,16)")]
+  for label in ("retraction=qr", "retraction=cayley", "manifold_muon", "optax muon"):
+    assert sum(label in r for r in rows) == 1, label
+
+
 def test_train_step_summary(capsys, monkeypatch):
   out = _main(train_step, ["--batch", "8", "--reps", "2"], capsys, monkeypatch)
   assert re.search(r"^summary: training step .* B2 [0-9.]+ ms vs A2 [0-9.]+ ms: [0-9.]+x$", out, re.M)
