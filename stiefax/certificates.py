@@ -17,6 +17,10 @@ Transformer Attention": 1 (gauge directions carry no gradient), 2 (steepest desc
 the embedded metric; eq. 12), 3 (degree one / degree zero), the Jensen bound of the
 remark after it, 6 (conditioning and the rotation bound), 7 (``O(d)``-equivariance),
 8 (weight decay is normal) and 10 (decoupled decay is absorbed by the retraction).
+Beyond the paper, ``mMuon`` rows certify :func:`stiefax.manifold_muon` (its step is
+tangent, of spectral norm at most the rate, and attains the optimum of its subproblem
+against an independent scipy solve, to ``OPTIMUM_TOLERANCE`` relative) and
+``retraction`` rows the QR and Cayley retractions of :func:`stiefax.retract`.
 
 The Jensen bound ``||m_hat_t||_F <= sqrt(v_hat_t)`` holds for every gradient sequence
 only when ``b1 = b2`` (then both averages use the same weights); for ``b1 < b2`` (the
@@ -59,6 +63,11 @@ varies across platforms; ``stiefax certify`` prints the current table):
     stiefel_adamw_exempts_frames              10            0.0e+00      1e-10   6.1e-02
     decay_absorbed                            10            4.4e-16      1e-10   7.9e-03
     polar_retract_absorbs_decay               10            3.9e-16      1e-10   8.8e-03
+    mmuon_tangent                             mMuon         1.7e-14      1e-10   8.2e-01
+    mmuon_spectral_norm                       mMuon         0.0e+00      1e-10   5.8e-01
+    mmuon_optimum                             mMuon         2.6e-16      1e-06   2.3e-01
+    qr_retraction                             retraction    6.7e-16      1e-10   1.2e+00
+    cayley_retraction                         retraction    1.1e-15      1e-10   9.9e-02
     ========================================  ==========  =========  =========  ========
 
 Example:
@@ -1760,7 +1769,7 @@ def _uncorrected_cayley_jet(w, xi):
 
   def curve(t):
     om = t * (xi @ jnp.swapaxes(w, -1, -2) - w @ jnp.swapaxes(xi, -1, -2))
-    eye = jnp.eye(w.shape[-2], dtype=w.dtype)
+    eye = jnp.broadcast_to(jnp.eye(w.shape[-2], dtype=w.dtype), om.shape)
     return jnp.linalg.solve(eye - om / 2, (eye + om / 2) @ w)
 
   return jax.jvp(curve, (jnp.zeros([], w.dtype),), (jnp.ones([], w.dtype),))
