@@ -523,19 +523,34 @@ def qr_retract(w: jax.Array, xi: jax.Array) -> jax.Array:
   return a @ _triangular_inverse_upper(r_upper)
 
 
-def _schulz_inverse(m: jax.Array, iterations: int) -> jax.Array:
+def _schulz_inverse(m: jax.Array, max_iterations: int) -> jax.Array:
   """``M^{-1}`` by the Newton-Schulz (Schulz) iteration ``X <- X (2 I - M X)``.
 
   Started at ``X_0 = M^T / (||M||_1 ||M||_inf)``, for which ``||I - M X_0||_2 < 1`` for
-  any nonsingular ``M`` (Pan and Schreiber 1991); the error squares every iteration.
+  any nonsingular ``M`` (Pan and Schreiber 1991); the error ``I - M X`` squares every
+  iteration. The loop stops when ``max |I - M X|`` reaches the dtype's rounding level
+  or stops decreasing, or after ``max_iterations``.
   """
   norm1 = jnp.max(jnp.sum(jnp.abs(m), axis=-2), axis=-1)
   norm_inf = jnp.max(jnp.sum(jnp.abs(m), axis=-1), axis=-1)
   x = mT(m) / (norm1 * norm_inf)[..., None, None]
   eye = _eye_like(m)
-  for _ in range(iterations):
+  tol = 8 * jnp.finfo(m.dtype).eps
+
+  def residual(x):
+    return jnp.max(jnp.abs(eye - m @ x))
+
+  def cond(state):
+    _, k, res, prev = state
+    return (k < max_iterations) & (res > tol) & (res < prev)
+
+  def body(state):
+    x, k, res, _ = state
     x = x @ (2 * eye - m @ x)
-  return x
+    return x, k + 1, residual(x), res
+
+  init = (x, jnp.asarray(0), residual(x), jnp.asarray(jnp.inf, m.dtype))
+  return jax.lax.while_loop(cond, body, init)[0]
 
 
 def cayley_retract(w: jax.Array, xi: jax.Array, iterations: int = 30) -> jax.Array:
@@ -553,9 +568,9 @@ def cayley_retract(w: jax.Array, xi: jax.Array, iterations: int = 30) -> jax.Arr
   a ``2r x 2r`` linear system. It is solved with the Schulz iteration (matrix products
   only, no LAPACK call, so safe in jitted CPU loops): ``I - V^T U / 2`` has the
   eigenvalues ``1 - i theta / 2`` of ``I - Omega / 2`` on its range (modulus >= 1)
-  and is well conditioned for the capped steps of the optimizers; ``iterations``
-  Schulz steps reach the dtype's rounding for condition numbers up to about
-  ``2^(iterations / 2)``.
+  and is well conditioned for the capped steps of the optimizers. The iteration stops
+  at the dtype's rounding (6-7 iterations for steps of norm <= 1; at most
+  ``iterations``, which covers condition numbers up to about ``2^(iterations / 2)``).
 
   Example:
     >>> import jax, jax.numpy as jnp, stiefax
@@ -568,7 +583,7 @@ def cayley_retract(w: jax.Array, xi: jax.Array, iterations: int = 30) -> jax.Arr
   Args:
     w: frames ``(..., d, r)`` on the manifold.
     xi: tangent steps of the same shape.
-    iterations: Schulz iterations of the ``2r x 2r`` inverse.
+    iterations: the most Schulz iterations of the ``2r x 2r`` inverse.
 
   Returns:
     The retracted frames, same shape.
