@@ -265,9 +265,10 @@ def manifold_muon(
       skipped = transforms._zeros_per_frame(spec, w, jnp.int32)
       cd = jnp.promote_types(geometry.compute_dtype(w.dtype), jnp.float32)
       r = spec.frame_shape(w.shape)[2]
-      per_frame = jnp.zeros_like(skipped, dtype=cd)
       multiplier = jnp.zeros(skipped.shape + (r, r), cd)
-      return jnp.zeros_like(w), multiplier, per_frame, per_frame, skipped
+      # Distinct buffers (a donated state must not alias one array twice).
+      residual, gap = jnp.zeros_like(skipped, dtype=cd), jnp.zeros_like(skipped, dtype=cd)
+      return jnp.zeros_like(w), multiplier, residual, gap, skipped
 
     # The retraction's init validates that the frames are on the manifold.
     retract_state = transforms.retract(frames, retraction, name="manifold_muon").init(params)

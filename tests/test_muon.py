@@ -222,3 +222,12 @@ def test_bad_arguments_are_clear_errors(rng):
     tx.update(w, tx.init(w))
   with pytest.raises(ValueError, match="not on the\\s+Stiefel manifold"):
     tx.init(2 * w)
+
+
+def test_state_can_be_donated(rng):
+  # Every state leaf is its own buffer: a jitted step may donate the state.
+  w = jnp.asarray(np.transpose(ref.random_frames(rng, (2, 10, 3)), (1, 0, 2)), jnp.float32)
+  tx = stiefax.manifold_muon(0.1)
+  g = jnp.ones_like(w)
+  _, state = jax.jit(tx.update, donate_argnums=1)(g, tx.init(w), w)
+  assert int(state.count) == 1
