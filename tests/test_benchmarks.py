@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from benchmarks import train_step, update_step, vs_geoopt
+from benchmarks import mmuon_solver, train_step, update_step, vs_geoopt
 
 
 def _main(module, argv, capsys, monkeypatch):
@@ -31,6 +31,15 @@ def test_update_step_family_rows(capsys, monkeypatch):
   rows = [line for line in out.splitlines() if line.startswith("(8,128,16)")]
   for label in ("retraction=qr", "retraction=cayley", "manifold_muon", "optax muon"):
     assert sum(label in r for r in rows) == 1, label
+
+
+def test_mmuon_solver_tables(capsys, monkeypatch):
+  out = _main(mmuon_solver, ["--quick", "--reps", "1"], capsys, monkeypatch)
+  rows = [line.split() for line in out.splitlines() if line.startswith("(4, 16, 4)")]
+  assert len(rows) == 2
+  shipped, plain = (float(r[-1]) for r in rows)  # the gaps at K=40
+  assert shipped < 1e-10 and shipped <= plain
+  assert re.search(r"K=10 +[0-9.]+ ms", out)
 
 
 def test_train_step_summary(capsys, monkeypatch):
