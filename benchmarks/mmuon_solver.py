@@ -47,7 +47,8 @@ def accuracy_table(shapes):
   with jax.enable_x64(True):
     for h, d, r in shapes:
       keys = jax.random.split(jax.random.key(0), 2)
-      w = stiefax.flax.orthonormal_init(stiefax.FrameSpec(row_axis=1))(keys[0], (h, d, r), jnp.float64)
+      init = stiefax.flax.orthonormal_init(stiefax.FrameSpec(row_axis=1))
+      w = init(keys[0], (h, d, r), jnp.float64)
       g = jax.random.normal(keys[1], (h, d, r), jnp.float64)
       row = [float(jnp.median(muon.spectral_tangent_direction(w, g, iterations=k).gap))
              for k in ITERATIONS]
