@@ -5,7 +5,10 @@ B2 (``stiefax.stiefel_adamw`` with the paper's Riemannian Adam on W_Q, W_K) agai
 ``--reps`` steps after warm-up, buffers donated. Default shapes are the paper's image
 model: 16 patch tokens, d=128, H=8 heads of r=16, batch 256.
 
-    python benchmarks/train_step.py [--depth 1] [--batch 256] [--reps 30]
+``--arms`` adds arms of ``stiefax patches`` (e.g. ``A2,B2,B2-mmuon,A2-muon,B2-qr,B2-cayley``);
+the summary line compares B2 with A2 and one line per further arm gives its ratio to B2.
+
+    python benchmarks/train_step.py [--depth 1] [--batch 256] [--reps 30] [--arms A2,B2]
 """
 
 import argparse
@@ -38,6 +41,7 @@ def main():
   parser.add_argument("--batch", type=int, default=256)
   parser.add_argument("--reps", type=int, default=30)
   parser.add_argument("--polar", default="auto")
+  parser.add_argument("--arms", default="A2,B2", help="arms to time (A2 and B2 always)")
   args = parser.parse_args()
 
   setting = patches.Setting(n_train=10_000, epochs=40, depth=args.depth, polar=args.polar)
@@ -46,7 +50,8 @@ def main():
   x = jax.random.normal(jax.random.key(0), (args.batch, tokens, setting.d))
   y = jax.random.randint(jax.random.key(1), (args.batch,), 0, classes)
   steppers = {}
-  for name in ("A2", "B2"):
+  names = ["A2", "B2"] + [a for a in args.arms.split(",") if a and a not in ("A2", "B2")]
+  for name in names:
     arm = patches.arm_by_name(name)
     tx = patches.make_optimizer(arm, setting, patches.arm_hparams(arm, setting, None))
     params = patches.init_params(model, arm, 0, tokens, setting.d)
@@ -65,7 +70,8 @@ def main():
       times[name].append(time_fn(timed, name, reps=1, warmup=1))
   results = {name: statistics.median(t) for name, t in times.items()}
   for name, ms in results.items():
-    print(f"{name}: {ms:.2f} ms per step (median of {args.reps})", flush=True)
+    print(f"{name}: {ms:.2f} ms per step (median of {args.reps}), {ms / results['A2']:.3f}x A2,"
+          f" {ms / results['B2']:.3f}x B2", flush=True)
   ratio = results["B2"] / results["A2"]
   print(f"summary: training step (depth {args.depth}, batch {args.batch}, d=128, H=8, r=16) "
         f"B2 {results['B2']:.2f} ms vs A2 {results['A2']:.2f} ms: {ratio:.3f}x")

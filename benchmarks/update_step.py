@@ -5,9 +5,11 @@ process, jitted; the optimizers take turns (``--reps`` rounds of 5 calls each, a
 warm-up) and each figure is the median over rounds. Prints a table of
 milliseconds, ratios to AdamW, and optimizer-state bytes per frame, then one summary
 line. The row ``B2 chain`` is ``riemannian_adam(fused=False)``: the literal chain of
-transforms, for the gain of the fused default.
+transforms, for the gain of the fused default. ``--family`` adds the Stiefel optimizer
+family: B2 with the QR and Cayley retractions, ``stiefax.manifold_muon`` and
+``optax.contrib.muon`` (unconstrained, the same kernels).
 
-    python benchmarks/update_step.py [--reps 20] [--methods auto,svd] [--quick]
+    python benchmarks/update_step.py [--reps 20] [--methods auto,svd] [--quick] [--family]
 """
 
 import argparse
@@ -34,7 +36,20 @@ METHODS = ("auto", "eigh", "svd", "qdwh")
 CPU_EIGH_HANGS = ("(12,768,64)", "(16,1024,64)", "12x(12,768,64)")
 
 
-def bench_shape(shape, frames, methods, reps):
+def family(frames):
+  """The optimizer-family rows of ``--family`` (kernels viewed through ``frames``)."""
+  row, cols, _ = frames._axes(4 if frames.row_axis == 1 else 3)
+  dims = optax.contrib.MuonDimensionNumbers(reduction_axis=row, output_axis=cols)
+  return {
+      "B2 retraction=qr": stiefax.riemannian_adam(retraction="qr", frames=frames),
+      "B2 retraction=cayley": stiefax.riemannian_adam(retraction="cayley", frames=frames),
+      "manifold_muon": stiefax.manifold_muon(0.05, frames=frames),
+      "optax muon": optax.contrib.muon(
+          0.02, muon_weight_dimension_numbers=lambda p: jax.tree.map(lambda _: dims, p)),
+  }
+
+
+def bench_shape(shape, frames, methods, reps, with_family=False):
   keys = jax.random.split(jax.random.key(0), 4)
   init = stiefax.flax.orthonormal_init(frames)
   params = {"query": init(keys[0], shape), "key": init(keys[1], shape)}
@@ -48,6 +63,8 @@ def bench_shape(shape, frames, methods, reps):
       txs[f"B2 polar={method}"] = stiefax.riemannian_adam(polar=method, frames=frames)
     if method == "auto":
       txs["B2 chain"] = stiefax.riemannian_adam(frames=frames, fused=False)
+  if with_family:
+    txs.update(family(frames))
   calls, state_bytes = {}, {}
   for name, tx in txs.items():
     state = tx.init(params)
@@ -65,13 +82,15 @@ def main():
   parser.add_argument("--shapes", default=";".join(SHAPES),
                       help="semicolon-separated keys of SHAPES, e.g. '(8,128,16);(4,128,32)'")
   parser.add_argument("--quick", action="store_true", help="small shapes only")
+  parser.add_argument("--family", action="store_true",
+                      help="add QR / Cayley B2, manifold_muon and optax.contrib.muon rows")
   args = parser.parse_args()
   methods = [m for m in (args.methods or ",".join(METHODS)).split(",") if m]
   names = ["(8,128,16)", "(4,128,32)"] if args.quick else args.shapes.split(";")
   on_cpu = jax.default_backend() == "cpu"
   print(f"jax {jax.__version__} on {jax.devices()[0].platform}; (H, d, r) per kernel, "
         "two kernels (query, key); median ms of the jitted update")
-  print(f"{'shape':<16} {'optimizer':<20} {'ms':>9} {'x adamw':>8} {'state B/frame':>14}")
+  print(f"{'shape':<16} {'optimizer':<22} {'ms':>9} {'x adamw':>8} {'state B/frame':>14}")
   auto_ratios = {}
   for name in names:
     shape, frames = SHAPES[name]
@@ -79,8 +98,9 @@ def main():
     if on_cpu and args.methods is None and name in CPU_EIGH_HANGS:
       these = [m for m in methods if m != "eigh"]
       print(f"{name:<16} (polar=eigh left out: it deadlocks in a jitted update on CPU)")
-    for label, ms, ratio, per_frame in bench_shape(shape, frames, these, args.reps):
-      print(f"{name:<16} {label:<20} {ms:>9.3f} {ratio:>8.2f} {per_frame:>14.0f}", flush=True)
+    for label, ms, ratio, per_frame in bench_shape(shape, frames, these, args.reps,
+                                                   args.family):
+      print(f"{name:<16} {label:<22} {ms:>9.3f} {ratio:>8.2f} {per_frame:>14.0f}", flush=True)
       if label == "B2 polar=auto":
         auto_ratios[name] = ratio
   summary = ", ".join(f"{k} {v:.2f}x" for k, v in auto_ratios.items())

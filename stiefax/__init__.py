@@ -10,6 +10,7 @@ from stiefax import covariance
 from stiefax import diagnostics
 from stiefax import flax
 from stiefax import geometry
+from stiefax import muon
 from stiefax.alias import MOMENTS
 from stiefax.alias import FramesAndRestState
 from stiefax.alias import riemannian_adam
@@ -17,10 +18,13 @@ from stiefax.alias import riemannian_sgd
 from stiefax.alias import stiefel_adamw
 from stiefax.frames import FrameSpec
 from stiefax.geometry import POLAR_METHODS
+from stiefax.muon import ManifoldMuonState
+from stiefax.muon import manifold_muon
 from stiefax.sphere import hyperball_adam
 from stiefax.sphere import sphere_project
 from stiefax.sphere import sphere_retract
 from stiefax.transforms import PROJECTORS
+from stiefax.transforms import RETRACTIONS
 from stiefax.transforms import ElementwiseMomentState
 from stiefax.transforms import PolarRetractState
 from stiefax.transforms import ScalarMomentState
@@ -28,6 +32,7 @@ from stiefax.transforms import canonical_gradient
 from stiefax.transforms import elementwise_moment
 from stiefax.transforms import grassmann_project
 from stiefax.transforms import polar_retract
+from stiefax.transforms import retract
 from stiefax.transforms import scalar_moment
 from stiefax.transforms import step_norm_cap
 from stiefax.transforms import stiefel_project
@@ -43,6 +48,7 @@ __all__ = [
     "elementwise_moment",
     "step_norm_cap",
     "polar_retract",
+    "retract",
     "ScalarMomentState",
     "ElementwiseMomentState",
     "PolarRetractState",
@@ -50,13 +56,17 @@ __all__ = [
     "riemannian_adam",
     "riemannian_sgd",
     "stiefel_adamw",
+    "manifold_muon",
+    "ManifoldMuonState",
     "sphere_project",
     "sphere_retract",
     "hyperball_adam",
     "POLAR_METHODS",
     "PROJECTORS",
+    "RETRACTIONS",
     "MOMENTS",
     "geometry",
+    "muon",
     "flax",
     "diagnostics",
     "covariance",

@@ -41,6 +41,7 @@ def riemannian_adam(
     projector: str = "stiefel",
     moment: str = "scalar",
     polar: str = "auto",
+    retraction: str = "polar",
     frames: FramesLike = FrameSpec(),
     mu_dtype: Any = None,
     fused: bool = True,
@@ -56,6 +57,7 @@ def riemannian_adam(
       eta_t = -lr * m_hat_t / (sqrt(v_hat_t) + eps)
       eta_t = eta_t * min(1, tau sqrt(r) / ||eta_t||_F)     # step cap, tau = max_norm
       W    <- polar(W + eta_t)                              # polar retraction
+                                                            # (or QR / Cayley)
 
   It is steepest descent in the embedded metric (Proposition 2), degree zero in the
   gradient at ``eps = 0`` (Proposition 3(ii)), keeps ``sigma_min(W + eta) >= 1`` and
@@ -103,6 +105,8 @@ def riemannian_adam(
       ``"canonical"`` (eq. 4).
     moment: ``"scalar"`` (one ``v`` per frame) or ``"elementwise"``.
     polar: the retraction's method, see :func:`stiefax.polar_retract`.
+    retraction: ``"polar"`` (the paper's), ``"qr"`` or ``"cayley"``; see
+      :func:`stiefax.retract`.
     frames: how each leaf is viewed as frames.
     mu_dtype: dtype of the first moment (default: the parameter's).
     fused: compute the scalar-moment update in one pass per frame (default), or
@@ -128,15 +132,21 @@ def riemannian_adam(
   # A static cap bounds the singular values of W + eta (Proposition 6), which fixes the
   # Newton-Schulz iteration count; a traced or absent cap iterates to convergence.
   bound = float(max_norm) if isinstance(max_norm, (int, float)) else None
-  parts.append(
-      transforms.polar_retract(frames, polar, step_bound=bound, init_tol=init_tol)
-  )
+  parts.append(_retraction(frames, retraction, polar, bound, init_tol))
   chain = optax.chain(*parts)
   if not fused or moment != "scalar":
     return chain
   return _fused_scalar_adam(
-      chain, parts[2], b1, b2, eps, max_norm, projector, polar, bound, frames
+      chain, parts[2], b1, b2, eps, max_norm, projector, polar, bound, frames, retraction
   )
+
+
+def _retraction(frames, retraction, polar, bound=None,
+                init_tol=None) -> optax.GradientTransformation:
+  transforms._check_retraction(retraction)
+  name = "polar_retract" if retraction == "polar" else "retract"
+  return transforms.retract(frames, retraction, polar, step_bound=bound, name=name,
+                            init_tol=init_tol)
 
 
 def _fused_moment(w, g, m_prev, b1, projector, concat):
@@ -170,7 +180,7 @@ def _fused_moment(w, g, m_prev, b1, projector, concat):
 
 
 def _fused_scalar_adam(
-    chain, lr_tx, b1, b2, eps, max_norm, projector, polar, step_bound, frames
+    chain, lr_tx, b1, b2, eps, max_norm, projector, polar, step_bound, frames, retraction
 ) -> optax.GradientTransformation:
   """:func:`riemannian_adam` with the scalar moment, one pass per frame (same state)."""
 
@@ -209,7 +219,8 @@ def _fused_scalar_adam(
         limit = jnp.asarray(max_norm, cd) * math.sqrt(wf.shape[-1])
         coef = coef * transforms._cap_factor(norm, limit)
       delta, eta_finite = transforms._retract_frames(
-          wf, transforms._expand(coef) * m, polar, step_bound, sq_norm=coef * coef * m_sq
+          wf, transforms._expand(coef) * m, polar, step_bound, sq_norm=coef * coef * m_sq,
+          retraction=retraction,
       )
       return (
           spec.from_frames(delta, g.shape).astype(w.dtype),
@@ -235,6 +246,7 @@ def riemannian_sgd(
     *,
     projector: str = "grassmann",
     polar: str = "auto",
+    retraction: str = "polar",
     frames: FramesLike = FrameSpec(),
     init_tol: Optional[float] = None,
 ) -> optax.GradientTransformation:
@@ -256,6 +268,7 @@ def riemannian_sgd(
     learning_rate: the fixed step ``eta`` (a float or an Optax schedule).
     projector: ``"grassmann"`` (PA16), ``"stiefel"`` or ``"canonical"``.
     polar: the retraction's method, see :func:`stiefax.polar_retract`.
+    retraction: ``"polar"``, ``"qr"`` or ``"cayley"``; see :func:`stiefax.retract`.
     frames: how each leaf is viewed as frames.
     init_tol: the largest ``max|W^T W - I|`` that ``init`` accepts (default
       ``max(1e-3, 4 eps)`` of each frame's dtype).
@@ -266,7 +279,7 @@ def riemannian_sgd(
   return optax.chain(
       _projector(projector, frames),
       optax.scale_by_learning_rate(learning_rate),
-      transforms.polar_retract(frames, polar, init_tol=init_tol),
+      _retraction(frames, retraction, polar, init_tol=init_tol),
   )
 
 

@@ -17,6 +17,10 @@ Transformer Attention": 1 (gauge directions carry no gradient), 2 (steepest desc
 the embedded metric; eq. 12), 3 (degree one / degree zero), the Jensen bound of the
 remark after it, 6 (conditioning and the rotation bound), 7 (``O(d)``-equivariance),
 8 (weight decay is normal) and 10 (decoupled decay is absorbed by the retraction).
+Beyond the paper, ``mMuon`` rows certify :func:`stiefax.manifold_muon` (its step is
+tangent, of spectral norm at most the rate, and attains the optimum of its subproblem
+against an independent scipy solve, to ``OPTIMUM_TOLERANCE`` relative) and
+``retraction`` rows the QR and Cayley retractions of :func:`stiefax.retract`.
 
 The Jensen bound ``||m_hat_t||_F <= sqrt(v_hat_t)`` holds for every gradient sequence
 only when ``b1 = b2`` (then both averages use the same weights); for ``b1 < b2`` (the
@@ -59,6 +63,11 @@ varies across platforms; ``stiefax certify`` prints the current table):
     stiefel_adamw_exempts_frames              10            0.0e+00      1e-10   6.1e-02
     decay_absorbed                            10            4.4e-16      1e-10   7.9e-03
     polar_retract_absorbs_decay               10            3.9e-16      1e-10   8.8e-03
+    mmuon_tangent                             mMuon         1.7e-14      1e-10   8.2e-01
+    mmuon_spectral_norm                       mMuon         0.0e+00      1e-10   5.8e-01
+    mmuon_optimum                             mMuon         2.6e-16      1e-06   2.3e-01
+    qr_retraction                             retraction    6.7e-16      1e-10   1.2e+00
+    cayley_retraction                         retraction    1.1e-15      1e-10   9.9e-02
     ========================================  ==========  =========  =========  ========
 
 Example:
@@ -83,6 +92,7 @@ import optax
 
 from stiefax import diagnostics
 from stiefax import geometry
+from stiefax import muon
 from stiefax import transforms
 from stiefax.alias import riemannian_adam, riemannian_sgd, stiefel_adamw
 from stiefax.frames import FrameSpec
@@ -92,6 +102,7 @@ __all__ = [
     "CERTIFICATES",
     "CONTROL_MARGIN",
     "TOLERANCE",
+    "OPTIMUM_TOLERANCE",
     "run_all",
     "joint_action_invariance",
     "joint_gauge_gradient",
@@ -121,7 +132,15 @@ __all__ = [
     "stiefel_adamw_exempts_frames",
     "decay_absorbed",
     "polar_retract_absorbs_decay",
+    "mmuon_tangent",
+    "mmuon_spectral_norm",
+    "mmuon_optimum",
+    "qr_retraction",
+    "cayley_retraction",
 ]
+
+#: Tolerance of :func:`mmuon_optimum`: relative objective against an independent solver.
+OPTIMUM_TOLERANCE = 1e-6
 
 #: Tolerance of every certificate: float64 identities hold to ~1e-15 relative.
 TOLERANCE = 1e-10
@@ -163,12 +182,13 @@ def _record(name: str, proposition: str, residual, control, tolerance: float = T
   return Certificate(name, proposition, residual, tolerance, control, passed)
 
 
-def _certify(name: str, proposition: str, measure: Callable[[bool], Any], vacuous: bool):
+def _certify(name: str, proposition: str, measure: Callable[[bool], Any], vacuous: bool,
+             tolerance: float = TOLERANCE):
   """Runs ``measure(control)`` for the check and the control, in float64."""
   with jax.enable_x64(True):
     control = float(measure(True))
     residual = control if vacuous else float(measure(False))
-  return _record(name, proposition, residual, control)
+  return _record(name, proposition, residual, control, tolerance)
 
 
 # ----------------------------------------------------------------------------
@@ -1530,6 +1550,307 @@ def polar_retract_absorbs_decay(seed: int = 0, *, vacuous: bool = False) -> Cert
   return _certify("polar_retract_absorbs_decay", "10", measure, vacuous)
 
 
+# ----------------------------------------------------------------------------
+# Beyond the paper: manifold Muon and the QR / Cayley retractions.
+# ----------------------------------------------------------------------------
+
+MUON_LR = 0.1
+
+
+@_tx
+def _mmuon():
+  return muon.manifold_muon(MUON_LR)
+
+
+def _muon_steps(seed: int, salt: int, control: bool) -> tuple[np.ndarray, np.ndarray]:
+  """Frames and the tangent step of ``manifold_muon`` (lifted from its retracted update).
+
+  ``control``: the Euclidean Muon step ``-lr msign(G)`` of ``optax.contrib.muon``.
+  """
+  rng = _rng(seed, salt)
+  w = _haar(rng, (H, D, R))
+  g = rng.standard_normal(w.shape)
+  if control:
+    u, _, vt = np.linalg.svd(g, full_matrices=False)
+    return w, -MUON_LR * (u @ vt)
+  return w, _lift(w, w + _update(_mmuon(), _kernel(g), _kernel(w)))
+
+
+def mmuon_tangent(seed: int = 0, *, vacuous: bool = False) -> Certificate:
+  """The manifold Muon step is tangent: ``W^T eta + eta^T W = 0``.
+
+  One update of ``stiefax.manifold_muon(0.1)`` from a fresh state; its polar
+  retraction is undone exactly (:func:`_lift`) and the residual is
+  ``max|W^T eta + eta^T W| / lr``. Control: the Euclidean Muon step
+  ``-lr msign(G)`` (``optax.contrib.muon``), which is not tangent.
+
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.mmuon_tangent()
+    >>> c.proposition, c.passed
+    ('mMuon', True)
+
+  Args:
+    seed: the random draw.
+    vacuous: certify the Euclidean Muon step.
+
+  Returns:
+    A :class:`Certificate`.
+  """
+
+  def measure(control):
+    w, eta = _muon_steps(seed, 30, control)
+    t = _mT(w) @ eta
+    return np.max(np.abs(t + _mT(t))) / MUON_LR
+
+  return _certify("mmuon_tangent", "mMuon", measure, vacuous)
+
+
+def mmuon_spectral_norm(seed: int = 0, *, vacuous: bool = False) -> Certificate:
+  """The manifold Muon step has spectral norm at most the rate: ``||eta||_2 <= lr``.
+
+  Residual ``max(max_h ||eta_h||_2 / lr - 1, 0)`` for the lifted step of
+  :func:`mmuon_tangent`, over gradients scaled by ``1e-4, 1, 1e4``. Control: the
+  tangent gradient scaled to the Frobenius ball of the same radius scale,
+  ``||eta||_F = lr sqrt(r)`` (the shape of the Riemannian Adam cap), whose spectral
+  norm exceeds ``lr`` unless all its singular values are equal.
+
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.mmuon_spectral_norm()
+    >>> c.proposition, c.passed
+    ('mMuon', True)
+
+  Args:
+    seed: the random draw.
+    vacuous: certify the Frobenius-ball step.
+
+  Returns:
+    A :class:`Certificate`.
+  """
+
+  def measure(control):
+    rng = _rng(seed, 31)
+    w = _haar(rng, (H, D, R))
+    worst = 0.0
+    for scale in (1e-4, 1.0, 1e4):
+      g = scale * rng.standard_normal(w.shape)
+      if control:
+        xi = _project(g, w)
+        eta = MUON_LR * math.sqrt(R) * xi / _norm(xi)[:, None, None]
+      else:
+        eta = _lift(w, w + _update(_mmuon(), _kernel(g), _kernel(w)))
+      worst = max(worst, float(np.max(np.linalg.norm(eta, 2, axis=(-2, -1)))) / MUON_LR - 1)
+    return max(worst, 0.0)
+
+  return _certify("mmuon_spectral_norm", "mMuon", measure, vacuous)
+
+
+def _scipy_spectral_step(w: np.ndarray, g: np.ndarray) -> np.ndarray:
+  """``max tr(G^T A)`` s.t. ``||A||_2 <= 1``, ``A`` tangent, by scipy's SLSQP.
+
+  Independent of the dual solver: ``A = W Omega + W_perp K`` (``Omega`` skew) spans
+  the tangent space, and the spectral ball is the smooth equality
+  ``A^T A + L L^T = I`` with a lower-triangular slack ``L``; exact Jacobians. The
+  returned direction is divided by ``max(1, ||A||_2)`` so that it is feasible.
+  """
+  import scipy.linalg  # pylint: disable=g-import-not-at-top
+  import scipy.optimize  # pylint: disable=g-import-not-at-top
+
+  d, r = w.shape
+  w_perp = scipy.linalg.null_space(w.T)
+  basis = []
+  for i, j in zip(*np.triu_indices(r, 1)):
+    om = np.zeros((r, r))
+    om[i, j], om[j, i] = 1.0, -1.0
+    basis.append(w @ om)
+  for i in range(d - r):
+    for j in range(r):
+      e = np.zeros((d - r, r))
+      e[i, j] = 1.0
+      basis.append(w_perp @ e)
+  basis = np.stack(basis)
+  tril = np.tril_indices(r)
+  low_basis = np.zeros((len(tril[0]), r, r))
+  low_basis[np.arange(len(tril[0])), tril[0], tril[1]] = 1.0
+  na, iu = len(basis), np.triu_indices(r)
+  lin = np.einsum("kdr,dr->k", basis, g / np.linalg.norm(g))
+
+  def split(x):
+    return np.einsum("k,kdr->dr", x[:na], basis), np.einsum("k,krs->rs", x[na:], low_basis)
+
+  def eq(x):
+    a, low = split(x)
+    return (a.T @ a + low @ low.T - np.eye(r))[iu]
+
+  def eq_jac(x):
+    a, low = split(x)
+    ja = np.einsum("kdr,ds->krs", basis, a)
+    jl = np.einsum("krs,ts->krt", low_basis, low)
+    ja, jl = ja + _mT(ja), jl + _mT(jl)
+    return np.concatenate([ja[:, iu[0], iu[1]], jl[:, iu[0], iu[1]]]).T
+
+  xi = g - w @ _sym(w.T @ g)
+  a0 = 0.5 * xi / np.linalg.norm(xi, 2)
+  x0 = np.concatenate([np.linalg.lstsq(basis.reshape(na, -1).T, a0.ravel(), rcond=None)[0],
+                       np.linalg.cholesky(np.eye(r) - a0.T @ a0)[tril]])
+  zeros = np.zeros(len(x0) - na)
+  out = scipy.optimize.minimize(
+      lambda x: -lin @ x[:na], x0, jac=lambda x: -np.concatenate([lin, zeros]),
+      constraints=[{"type": "eq", "fun": eq, "jac": eq_jac}], method="SLSQP",
+      options={"ftol": 1e-15, "maxiter": 1000})
+  a, _ = split(out.x)
+  return a / max(1.0, float(np.linalg.norm(a, 2)))
+
+
+_direction_jit = jax.jit(muon.spectral_tangent_direction, static_argnames=("iterations",))
+
+
+def mmuon_optimum(seed: int = 0, *, vacuous: bool = False) -> Certificate:
+  """The manifold Muon direction attains the optimum of its subproblem (to 1e-6).
+
+  ``max tr(G^T A)`` subject to ``||A||_2 <= 1`` and ``W^T A + A^T W = 0``, solved by
+  :func:`stiefax.muon.spectral_tangent_direction` (40 dual iterations from a cold
+  start) and independently by scipy's SLSQP on a smooth reformulation
+  (:func:`_scipy_spectral_step`), for three frames of ``St(10, 3)``; residual: the
+  largest relative objective difference ``|f - f_scipy| / f_scipy``, tolerance
+  ``1e-6``. Control: the tangent gradient scaled into the spectral ball, which is
+  feasible but not optimal.
+
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.mmuon_optimum()
+    >>> c.proposition, c.passed, c.tolerance
+    ('mMuon', True, 1e-06)
+
+  Args:
+    seed: the random draw.
+    vacuous: certify the scaled tangent gradient.
+
+  Returns:
+    A :class:`Certificate`.
+  """
+
+  def measure(control):
+    rng = _rng(seed, 32)
+    w = _haar(rng, (3, 10, 3))
+    g = rng.standard_normal(w.shape)
+    if control:
+      xi = _project(g, w)  # (H, d, r) frames through the shipped projector
+      a = xi / np.linalg.norm(xi, 2, axis=(-2, -1))[:, None, None]
+    else:
+      a = np.asarray(_direction_jit(jnp.asarray(w), jnp.asarray(g), iterations=40).direction)
+    worst = 0.0
+    for h in range(len(w)):
+      ref = float(np.sum(g[h] * _scipy_spectral_step(w[h], g[h])))
+      worst = max(worst, abs(float(np.sum(g[h] * a[h])) - ref) / abs(ref))
+    return worst
+
+  return _certify("mmuon_optimum", "mMuon", measure, vacuous, OPTIMUM_TOLERANCE)
+
+
+@jax.jit
+def _retraction_jets(w, xi):
+  """``R(0)`` and ``d/dt R(t xi)`` at 0 for polar, QR and Cayley (forward mode)."""
+  fns = (lambda t: geometry.polar(w + t * xi),
+         lambda t: geometry.qr_retract(w, t * xi),
+         lambda t: geometry.cayley_retract(w, t * xi))
+  zero, one = jnp.zeros([], w.dtype), jnp.ones([], w.dtype)
+  return [jax.jvp(f, (zero,), (one,)) for f in fns]
+
+
+_qr_jit = jax.jit(geometry.qr_retract)
+_cayley_jit = jax.jit(geometry.cayley_retract)
+
+
+@jax.jit
+def _uncorrected_cayley_jet(w, xi):
+  """Cayley with Wen and Yin's generator ``xi W^T - W xi^T`` (no ``P``): ``R'(0) != xi``."""
+
+  def curve(t):
+    om = t * (xi @ jnp.swapaxes(w, -1, -2) - w @ jnp.swapaxes(xi, -1, -2))
+    eye = jnp.broadcast_to(jnp.eye(w.shape[-2], dtype=w.dtype), om.shape)
+    return jnp.linalg.solve(eye - om / 2, (eye + om / 2) @ w)
+
+  return jax.jvp(curve, (jnp.zeros([], w.dtype),), (jnp.ones([], w.dtype),))
+
+
+def _retraction_statistic(seed: int, salt: int, kind: str, control: bool) -> float:
+  """Isometry after steps of norm ``1e-3 ... 10`` and the first-order jet vs polar."""
+  rng = _rng(seed, salt)
+  w = _haar(rng, (H, D, R))
+  xi = _project(rng.standard_normal(w.shape), w)
+  xi = xi / _norm(xi)[:, None, None]
+  wj, xij = jnp.asarray(w), jnp.asarray(xi)
+  if control:
+    if kind == "qr":  # QR without the sign fix (LAPACK's Householder signs)
+      q, _ = np.linalg.qr(w)
+      return float(np.max(np.abs(q - w)))
+    at0, deriv = _uncorrected_cayley_jet(wj, xij)
+    return float(jnp.maximum(jnp.max(jnp.abs(at0 - wj)), jnp.max(jnp.abs(deriv - xij))))
+  jets = _retraction_jets(wj, xij)
+  polar_at0, polar_deriv = jets[0]
+  at0, deriv = jets[1 if kind == "qr" else 2]
+  worst = max(float(jnp.max(jnp.abs(at0 - polar_at0))),
+              float(jnp.max(jnp.abs(deriv - polar_deriv))))
+  fn = _qr_jit if kind == "qr" else _cayley_jit
+  for c in (1e-3, 1e-1, 1.0, 10.0):
+    new = np.asarray(fn(wj, c * xij))
+    worst = max(worst, float(np.max(np.abs(_mT(new) @ new - np.eye(R)))))
+  return worst
+
+
+def qr_retraction(seed: int = 0, *, vacuous: bool = False) -> Certificate:
+  """The sign-fixed QR retraction lands on ``St(d, r)`` and agrees with polar to O(t^2).
+
+  :func:`stiefax.geometry.qr_retract`: residual the largest of
+  ``max|R^T R - I|`` after tangent steps of norm ``1e-3 ... 10`` and, by forward-mode
+  differentiation, ``|qf(W) - polar(W)|`` and ``|d/dt qf(W + t xi) - d/dt polar(W + t
+  xi)|`` at ``t = 0`` (equal value and first derivative: the two retractions differ by
+  ``O(t^2)``). Control: QR without the sign fix (LAPACK's Householder signs), which
+  does not even return ``W`` at ``t = 0``.
+
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.qr_retraction()
+    >>> c.proposition, c.passed
+    ('retraction', True)
+
+  Args:
+    seed: the random draw.
+    vacuous: certify the unfixed QR.
+
+  Returns:
+    A :class:`Certificate`.
+  """
+  return _certify("qr_retraction", "retraction",
+                  lambda control: _retraction_statistic(seed, 33, "qr", control), vacuous)
+
+
+def cayley_retraction(seed: int = 0, *, vacuous: bool = False) -> Certificate:
+  """The Cayley retraction lands on ``St(d, r)`` and agrees with polar to O(t^2).
+
+  :func:`stiefax.geometry.cayley_retract` with ``Omega = P xi W^T - W xi^T P``: as
+  :func:`qr_retraction`. Control: Wen and Yin's generator ``xi W^T - W xi^T`` without
+  ``P = I - W W^T / 2``, whose curve has derivative ``xi + W (W^T xi) != xi``.
+
+  Example:
+    >>> from stiefax import certificates
+    >>> c = certificates.cayley_retraction()
+    >>> c.proposition, c.passed
+    ('retraction', True)
+
+  Args:
+    seed: the random draw.
+    vacuous: certify the uncorrected generator.
+
+  Returns:
+    A :class:`Certificate`.
+  """
+  return _certify("cayley_retraction", "retraction",
+                  lambda control: _retraction_statistic(seed, 34, "cayley", control), vacuous)
+
+
 #: Every certificate function, in the order of the table.
 CERTIFICATES = (
     joint_action_invariance,
@@ -1560,16 +1881,21 @@ CERTIFICATES = (
     stiefel_adamw_exempts_frames,
     decay_absorbed,
     polar_retract_absorbs_decay,
+    mmuon_tangent,
+    mmuon_spectral_norm,
+    mmuon_optimum,
+    qr_retraction,
+    cayley_retraction,
 )
 
 
 def run_all(seed: int = 0) -> list[Certificate]:
-  """Runs every certificate in :data:`CERTIFICATES` (float64, about 28 checks).
+  """Runs every certificate in :data:`CERTIFICATES` (float64, 33 checks).
 
   Example:
     >>> from stiefax import certificates
     >>> len(certificates.CERTIFICATES)   # run_all() returns one record per check
-    28
+    33
 
   Args:
     seed: the random draw shared by every certificate.

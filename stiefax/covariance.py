@@ -35,6 +35,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from stiefax.frames import FrameSpec, FramesLike, resolve_frames
@@ -51,6 +52,8 @@ __all__ = [
     "effective_learning_rate",
     "angular_update",
     "update_summary",
+    "reference_elr_schedule",
+    "ReferenceELR",
 ]
 
 FRAMES_LABEL = "stiefel"
@@ -578,3 +581,88 @@ def update_summary(
     out[f"{name}/radial"] = jnp.mean(radial)
     out[f"{name}/angle"] = jnp.mean(angle)
   return out
+
+
+class ReferenceELR(NamedTuple):
+  """The reference schedule of :func:`reference_elr_schedule`, one entry per step.
+
+  Attributes:
+    learning_rate: ``eta_t``.
+    weight_rms: the predicted ``||w_t||_RMS`` before step ``t``.
+    elr: the predicted effective learning rate of step ``t``.
+  """
+
+  learning_rate: np.ndarray
+  weight_rms: np.ndarray
+  elr: np.ndarray
+
+
+def reference_elr_schedule(
+    learning_rate: float,
+    weight_decay: float,
+    steps: int,
+    init_rms: float,
+    *,
+    update_rms: Any = 0.2,
+) -> ReferenceELR:
+  """The reference ELR of Adam(W) under a linear decay of the rate to zero.
+
+  Derivation (the second note's "ELR Schedule", from Su's "Why is Adam's Update RMS
+  0.2?" and "Asymptotic Estimation of AdamW's Weight RMS (Part 2)"):
+
+  * rate: ``eta_t = eta_0 (1 - t / T)`` for ``t = 0 .. T - 1``;
+  * Adam's update ``u_t`` has an entry RMS of about ``0.2`` once gradients are noise
+    dominated (``update_rms``), and it is nearly orthogonal to the weight ``w_t``;
+  * so AdamW's step ``w_{t+1} = (1 - eta_t lambda) w_t - eta_t u_t`` gives, per entry,
+
+        rms_{t+1}^2 = (1 - eta_t lambda)^2 rms_t^2 + eta_t^2 update_rms^2,
+
+    the recursion whose continuous limit ``d rms^2 / dt = -2 lambda eta_t rms^2 +
+    update_rms^2 eta_t^2`` is the asymptotic estimate of Part 2 (weights settle near
+    ``rms^2 ~ update_rms^2 eta_t / (2 lambda)`` while ``eta`` changes slowly, and
+    grow from a small initialization ``init_rms``);
+  * the effective learning rate is the relative tangential step
+    ``elr_t = eta_t ||u_t|| / ||w_t|| = eta_t update_rms / rms_t``.
+
+  With ``rms_0^2`` below the quasi-static value the weights grow early, so the ELR
+  starts high, falls fast, then declines nearly linearly to zero with ``eta_t``. The
+  recursion is evaluated exactly (no further approximation); compare its *shape* with
+  :func:`update_summary`'s ``elr`` of a real run, since the 0.2 and the orthogonality
+  are approximations.
+
+  Example:
+    >>> from stiefax.covariance import reference_elr_schedule
+    >>> ref = reference_elr_schedule(1e-3, 0.1, 1000, 0.02)
+    >>> bool(ref.elr[0] > ref.elr[500] > ref.elr[-1] > 0)
+    True
+    >>> round(float(ref.elr[0]), 4)  # 1e-3 * 0.2 / 0.02
+    0.01
+
+  Args:
+    learning_rate: the peak rate ``eta_0``.
+    weight_decay: AdamW's decoupled decay ``lambda``.
+    steps: ``T``, the step at which the rate reaches zero.
+    init_rms: the RMS of the initial weight entries.
+    update_rms: Adam's update RMS per entry: a float (the reference's 0.2) or one
+      value per step (e.g. measured, to test the rest of the derivation).
+
+  Returns:
+    A :class:`ReferenceELR` of ``steps`` entries.
+  """
+  for name, value in (("learning_rate", learning_rate), ("init_rms", init_rms),
+                      ("update_rms", float(np.min(update_rms)))):
+    if not value > 0:
+      raise ValueError(f"reference_elr_schedule: {name} must be > 0, got {value!r}.")
+  if not weight_decay >= 0:
+    raise ValueError(f"reference_elr_schedule: weight_decay must be >= 0, got {weight_decay!r}.")
+  if not (isinstance(steps, int) and steps >= 1):
+    raise ValueError(f"reference_elr_schedule: steps must be a positive int, got {steps!r}.")
+  eta = learning_rate * (1 - np.arange(steps) / steps)
+  u = np.broadcast_to(np.asarray(update_rms, np.float64), (steps,))
+  rms2 = np.empty(steps)
+  r2 = float(init_rms) ** 2
+  for t in range(steps):
+    rms2[t] = r2
+    r2 = (1 - eta[t] * weight_decay) ** 2 * r2 + (eta[t] * u[t]) ** 2
+  rms = np.sqrt(rms2)
+  return ReferenceELR(eta, rms, eta * u / rms)

@@ -26,6 +26,9 @@ __all__ = [
     "isometry_residual",
     "polar",
     "newton_schulz_iterations",
+    "inverse_sqrt",
+    "qr_retract",
+    "cayley_retract",
     "compute_dtype",
 ]
 
@@ -409,3 +412,187 @@ def polar(a: jax.Array, method: str = "auto", *, step_bound: float | None = None
   else:
     u = _polar_qdwh(a)
   return u.astype(dtype)
+
+
+def inverse_sqrt(p: jax.Array, iterations: int) -> tuple[jax.Array, jax.Array]:
+  """``(P^{-1/2}, P^{1/2})`` of symmetric positive semi-definite ``r x r`` matrices.
+
+  Coupled cubic Newton-Schulz on ``Y = P / c`` with ``c = ||P||_F >= lambda_max``
+  (matrix products only): ``T = (3 I - Q) / 2``, ``Z <- Z T``, ``Q <- Q T^2`` from
+  ``Z = I``, ``Q = Y``. Every eigenvalue ``mu`` of ``Y`` in ``(0, 1]`` moves to
+  ``mu (3 - mu)^2 / 4`` (monotone, at most 1, quadratic near 1; a small ``mu`` grows by
+  ``9/4`` per iteration), so after ``k`` iterations ``Z -> Y^{-1/2}`` on the
+  eigenvalues that have converged and ``Z Y Z <= I`` on every eigenvalue: an
+  unconverged or zero eigenvalue is damped, never overshot. This is what makes
+  ``Y Z`` a matrix of spectral norm at most 1 even for a rank-deficient ``P``.
+  Returns ``Z / sqrt(c)`` and ``P Z / sqrt(c)``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from stiefax import geometry
+    >>> p = jnp.diag(jnp.array([4.0, 1.0]))
+    >>> z, root = geometry.inverse_sqrt(p, 12)
+    >>> jnp.round(jnp.diag(z), 4), jnp.round(jnp.diag(root), 4)
+    (Array([0.5, 1. ], dtype=float32), Array([2., 1.], dtype=float32))
+
+  Args:
+    p: symmetric positive semi-definite matrices ``(..., r, r)``.
+    iterations: the fixed Newton-Schulz count.
+
+  Returns:
+    ``(inverse square root, square root)``, each ``(..., r, r)``.
+  """
+  c = jnp.sqrt(jnp.sum(jnp.square(p), axis=(-2, -1), keepdims=True))
+  c = jnp.maximum(c, jnp.finfo(p.dtype).tiny)
+  y = p / c
+  eye = _eye_like(y)
+  z, q = eye, y
+  for i in range(iterations):
+    t = 1.5 * eye - 0.5 * q
+    z = t if i == 0 else z @ t
+    if i < iterations - 1:
+      q = (q @ t) @ t
+  scale = jax.lax.rsqrt(c)
+  return z * scale, (p @ z) * scale
+
+
+def _cholesky_upper(p: jax.Array) -> jax.Array:
+  """Upper-triangular ``R`` with ``R^T R = P`` and ``diag(R) > 0`` (products only).
+
+  Column-oriented Cholesky as a ``fori_loop`` over the ``r`` columns, each a masked
+  vector update: no LAPACK call, so it is safe inside fused CPU programs.
+  """
+  r = p.shape[-1]
+  idx = jnp.arange(r)
+
+  def body(j, low):
+    row_j = jnp.take(low, j, axis=-2)  # (..., r): L[j, :], zero at columns >= j
+    col = jnp.take(p, j, axis=-1) - jnp.einsum("...ik,...k->...i", low, row_j)
+    pivot = jnp.sqrt(jnp.maximum(jnp.take(col, j, axis=-1), jnp.finfo(p.dtype).tiny))
+    new = jnp.where(idx >= j, col / pivot[..., None], 0)
+    return jnp.where((idx == j)[None, :], new[..., :, None], low)
+
+  low = jax.lax.fori_loop(0, r, body, jnp.zeros_like(p))
+  return mT(low)
+
+
+def _triangular_inverse_upper(u: jax.Array) -> jax.Array:
+  """``U^{-1}`` of upper-triangular ``U`` with a positive diagonal (back substitution)."""
+  r = u.shape[-1]
+  idx = jnp.arange(r)
+  eye = _eye_like(u)
+
+  def body(k, inv):
+    i = r - 1 - k  # rows from the bottom: X[i] = (e_i - U[i, i+1:] X[i+1:]) / U[i, i]
+    u_row = jnp.where(idx > i, jnp.take(u, i, axis=-2), 0)
+    row = (jnp.take(eye, i, axis=-2) - jnp.einsum("...k,...kj->...j", u_row, inv))
+    row = row / jnp.take(jnp.take(u, i, axis=-2), i, axis=-1)[..., None]
+    return jnp.where((idx == i)[:, None], row[..., None, :], inv)
+
+  return jax.lax.fori_loop(0, r, body, jnp.zeros_like(u))
+
+
+def qr_retract(w: jax.Array, xi: jax.Array) -> jax.Array:
+  """QR retraction ``qf(W + xi)`` with ``diag(R) > 0`` (the sign-fixed, continuous one).
+
+  ``A = W + xi = Q R`` with ``R`` upper triangular and positive on its diagonal is
+  unique for a full-rank ``A`` and smooth in ``A``, so ``xi -> qf(W + xi)`` is a
+  retraction (Absil et al. 2008, eq. 4.8; geoopt's default for the Stiefel manifold).
+  Computed as Cholesky-QR: ``R^T R = A^T A`` and ``Q = A R^{-1}``. For a tangent
+  ``xi``, ``A^T A = I + xi^T xi`` has eigenvalues in ``[1, 1 + ||xi||_F^2]``
+  (Proposition 6(i)), so the Cholesky factor is well conditioned and Cholesky-QR is
+  accurate. The factorization and the triangular inverse are loops of matrix-vector
+  products over the ``r`` columns (no LAPACK call; safe inside jitted CPU loops).
+
+  Example:
+    >>> import jax, jax.numpy as jnp, stiefax
+    >>> from stiefax import geometry
+    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 3))
+    >>> xi = geometry.stiefel_project(w, 0.3 * jax.random.normal(jax.random.key(1), (6, 3)))
+    >>> bool(geometry.isometry_residual(geometry.qr_retract(w, xi)) < 1e-5)
+    True
+
+  Args:
+    w: frames ``(..., d, r)`` on the manifold.
+    xi: steps of the same shape (tangent for the error bound above).
+
+  Returns:
+    ``qf(w + xi)``, same shape.
+  """
+  a = w + xi
+  r_upper = _cholesky_upper(mT(a) @ a)
+  return a @ _triangular_inverse_upper(r_upper)
+
+
+def _schulz_inverse(m: jax.Array, max_iterations: int) -> jax.Array:
+  """``M^{-1}`` by the Newton-Schulz (Schulz) iteration ``X <- X (2 I - M X)``.
+
+  Started at ``X_0 = M^T / (||M||_1 ||M||_inf)``, for which ``||I - M X_0||_2 < 1`` for
+  any nonsingular ``M`` (Pan and Schreiber 1991); the error ``I - M X`` squares every
+  iteration. The loop stops when ``max |I - M X|`` reaches the dtype's rounding level
+  or stops decreasing, or after ``max_iterations``.
+  """
+  norm1 = jnp.max(jnp.sum(jnp.abs(m), axis=-2), axis=-1)
+  norm_inf = jnp.max(jnp.sum(jnp.abs(m), axis=-1), axis=-1)
+  x = mT(m) / (norm1 * norm_inf)[..., None, None]
+  eye = _eye_like(m)
+  tol = 8 * jnp.finfo(m.dtype).eps
+
+  def residual(x):
+    return jnp.max(jnp.abs(eye - m @ x))
+
+  def cond(state):
+    _, k, res, prev = state
+    return (k < max_iterations) & (res > tol) & (res < prev)
+
+  def body(state):
+    x, k, res, _ = state
+    x = x @ (2 * eye - m @ x)
+    return x, k + 1, residual(x), res
+
+  init = (x, jnp.asarray(0), residual(x), jnp.asarray(jnp.inf, m.dtype))
+  return jax.lax.while_loop(cond, body, init)[0]
+
+
+def cayley_retract(w: jax.Array, xi: jax.Array, iterations: int = 30) -> jax.Array:
+  """Cayley retraction ``(I - Omega / 2)^{-1} (I + Omega / 2) W`` with ``Omega W = xi``.
+
+  ``Omega = P xi W^T - W xi^T P`` with ``P = I - W W^T / 2`` is skew and satisfies
+  ``Omega W = xi`` for every tangent ``xi`` (Wen and Yin 2013, sec. 3; Li et al. 2020,
+  eq. 6), so the Cayley transform of ``Omega`` (an orthogonal matrix) maps ``W`` to a
+  point of ``St(d, r)`` exactly, with derivative ``xi`` at ``xi = 0``. With
+  ``Omega = U V^T``, ``U = [P xi, W]``, ``V = [W, -P xi]`` (``d x 2r``), the
+  Sherman-Morrison-Woodbury identity gives (Wen and Yin, Lemma 4.1)
+
+      W_new = W + U (I_2r - V^T U / 2)^{-1} V^T W,
+
+  a ``2r x 2r`` linear system. It is solved with the Schulz iteration (matrix products
+  only, no LAPACK call, so safe in jitted CPU loops): ``I - V^T U / 2`` has the
+  eigenvalues ``1 - i theta / 2`` of ``I - Omega / 2`` on its range (modulus >= 1)
+  and is well conditioned for the capped steps of the optimizers. The iteration stops
+  at the dtype's rounding (6-7 iterations for steps of norm <= 1; at most
+  ``iterations``, which covers condition numbers up to about ``2^(iterations / 2)``).
+
+  Example:
+    >>> import jax, jax.numpy as jnp, stiefax
+    >>> from stiefax import geometry
+    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 3))
+    >>> xi = geometry.stiefel_project(w, 0.3 * jax.random.normal(jax.random.key(1), (6, 3)))
+    >>> bool(geometry.isometry_residual(geometry.cayley_retract(w, xi)) < 1e-5)
+    True
+
+  Args:
+    w: frames ``(..., d, r)`` on the manifold.
+    xi: tangent steps of the same shape.
+    iterations: the most Schulz iterations of the ``2r x 2r`` inverse.
+
+  Returns:
+    The retracted frames, same shape.
+  """
+  p_xi = xi - 0.5 * (w @ (mT(w) @ xi))
+  u = jnp.concatenate([p_xi, w], axis=-1)
+  v = jnp.concatenate([w, -p_xi], axis=-1)
+  vtu = mT(v) @ u
+  m = _eye_like(vtu) - 0.5 * vtu
+  vtw = mT(v) @ w
+  return w + u @ (_schulz_inverse(m, iterations) @ vtw)

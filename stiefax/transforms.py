@@ -53,10 +53,15 @@ __all__ = [
     "elementwise_moment",
     "step_norm_cap",
     "polar_retract",
+    "retract",
+    "RETRACTIONS",
 ]
 
 #: Tangent projectors by name (``projector=`` of the moments and the aliases).
 PROJECTORS = ("stiefel", "grassmann", "canonical")
+
+#: Retractions by name (``retraction=`` of :func:`retract` and the aliases).
+RETRACTIONS = ("polar", "qr", "cayley")
 
 _PARAMS_REQUIRED = (
     "stiefax.{name} needs the current point W: call"
@@ -66,8 +71,8 @@ _PARAMS_REQUIRED = (
 )
 
 _OFF_MANIFOLD = (
-    "stiefax.polar_retract.init: the parameter at {path} (shape {shape}, {dtype}) is not"
-    " on the Stiefel manifold: max|W^T W - I| = {err:.3g} > {tol:.3g}. Initialize it with"
+    "stiefax.{name}.init: the parameter at {path} (shape {shape}, {dtype}) is not on"
+    " the Stiefel manifold: max|W^T W - I| = {err:.3g} > {tol:.3g}. Initialize it with"
     " stiefax.flax.orthonormal_init(...) or snap pretrained weights with"
     " stiefax.flax.project_params(params, labels) before building the optimizer state."
 )
@@ -519,8 +524,19 @@ _LAPACK_WARNING = (
 )
 
 
-def _retract_frames(wf, eta, method, step_bound, sq_norm=None):
-  """``(polar(W + eta) - W, finite)`` per frame; a zero or non-finite step keeps W.
+def _check_retraction(retraction: str) -> None:
+  if retraction not in RETRACTIONS:
+    raise ValueError(
+        f"Unknown retraction {retraction!r}; valid retractions are {RETRACTIONS}."
+    )
+
+
+def _retract_frames(wf, eta, method, step_bound, sq_norm=None, retraction="polar"):
+  """``(R_W(eta) - W, finite)`` per frame; a zero or non-finite step keeps W.
+
+  ``R`` is ``polar(W + eta)`` (``method`` picks the algorithm), or with
+  ``retraction="qr"`` / ``"cayley"`` :func:`stiefax.geometry.qr_retract` /
+  :func:`stiefax.geometry.cayley_retract`.
 
   ``sq_norm`` is ``||eta||_F^2`` per frame when the caller knows it. With a step bound
   the Newton-Schulz scale is ``c = 1 + ||eta||_F^2``: ``A^T A = I + eta^T eta`` for a
@@ -532,7 +548,11 @@ def _retract_frames(wf, eta, method, step_bound, sq_norm=None):
   finite = jnp.isfinite(sq_norm)
   moved = finite & (sq_norm > 0)
   eta = jnp.where(_expand(finite), eta, 0)
-  if method in ("auto", "newton_schulz") and step_bound is not None:
+  if retraction == "qr":
+    target = geometry.qr_retract(wf, eta)
+  elif retraction == "cayley":
+    target = geometry.cayley_retract(wf, eta)
+  elif method in ("auto", "newton_schulz") and step_bound is not None:
     c = 1 + jnp.where(finite, sq_norm, 0)
     a = (wf + eta) * _expand(jax.lax.rsqrt(c))
     iterations = geometry.newton_schulz_iterations(step_bound, wf.shape[-1], wf.dtype)
@@ -594,12 +614,66 @@ def polar_retract(
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
+  return retract(frames, "polar", method, step_bound=step_bound, init_tol=init_tol,
+                 name="polar_retract")
+
+
+def retract(
+    frames: FramesLike = FrameSpec(),
+    retraction: str = "polar",
+    method: str = "auto",
+    *,
+    step_bound: float | None = None,
+    init_tol: float | None = None,
+    name: str = "retract",
+) -> optax.GradientTransformation:
+  """Retracts each frame with the chosen retraction; put it last in a chain.
+
+  Returns ``R_W(eta) - W``, so ``optax.apply_updates(W, updates)`` lands on
+  ``R_W(eta)``:
+
+  * ``"polar"``: ``polar(W + eta)`` (the default; :func:`polar_retract`).
+  * ``"qr"``: ``qf(W + eta)`` with ``diag(R) > 0`` (:func:`stiefax.geometry.qr_retract`).
+  * ``"cayley"``: the Cayley transform of ``Omega = P eta W^T - W eta^T P``,
+    ``P = I - W W^T / 2`` (:func:`stiefax.geometry.cayley_retract`), on the manifold
+    exactly for a tangent ``eta``.
+
+  All three agree to first order (``R_W(eta) = W + eta + O(||eta||^2)``); only the
+  polar one is second order (its ``O(||eta||^2)`` term is normal). All are matrix
+  products only (safe in fused CPU programs) unless ``method`` names a LAPACK polar.
+  State, ``init`` checks and the non-finite rule as in :func:`polar_retract`.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, optax, stiefax
+    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (8, 2, 4))
+    >>> tx = stiefax.retract(retraction="qr")
+    >>> step = stiefax.geometry.stiefel_project(
+    ...     jnp.swapaxes(w, 0, 1), 0.1 * jax.random.normal(jax.random.key(1), (2, 8, 4)))
+    >>> u, _ = tx.update(jnp.swapaxes(step, 0, 1), tx.init(w), w)
+    >>> bool(stiefax.diagnostics.isometry_error(optax.apply_updates(w, u)) < 1e-5)
+    True
+
+  Args:
+    frames: how each leaf is viewed as frames.
+    retraction: one of :data:`RETRACTIONS`.
+    method: the polar method (``retraction="polar"`` only), see :func:`polar_retract`.
+    step_bound: ``tau`` of a preceding step cap (``retraction="polar"`` only), see
+      :func:`polar_retract`.
+    init_tol: the largest ``max|W^T W - I|`` that ``init`` accepts (default
+      ``max(1e-3, 4 eps)`` of each parameter's dtype), see :func:`polar_retract`.
+    name: the name used in error messages.
+
+  Returns:
+    An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
+  """
+  _check_retraction(retraction)
   if method not in geometry.POLAR_METHODS:
     raise ValueError(
         f"Unknown polar method {method!r}; valid methods are {geometry.POLAR_METHODS}."
     )
-  if method in geometry.DECOMPOSITION_METHODS and jax.default_backend() == "cpu":
-    warnings.warn(_LAPACK_WARNING.format(method=method), RuntimeWarning, stacklevel=2)
+  if (retraction == "polar" and method in geometry.DECOMPOSITION_METHODS
+      and jax.default_backend() == "cpu"):
+    warnings.warn(_LAPACK_WARNING.format(method=method), RuntimeWarning, stacklevel=3)
 
   def init_fn(params):
     def leaf(path, w):
@@ -615,7 +689,7 @@ def polar_retract(
         if not err <= tol:
           raise ValueError(
               _OFF_MANIFOLD.format(
-                  path=jax.tree_util.keystr(path) or "<root>",
+                  name=name, path=jax.tree_util.keystr(path) or "<root>",
                   shape=tuple(w.shape), dtype=jnp.dtype(w.dtype).name, err=err, tol=tol,
               )
           )
@@ -624,13 +698,14 @@ def polar_retract(
     return PolarRetractState(jax.tree_util.tree_map_with_path(leaf, params))
 
   def update_fn(updates, state, params=None):
-    _require_params("polar_retract", params)
+    _require_params(name, params)
 
     def leaf(path, u, w, skipped):
       spec = checked_frames(frames, path, w)
       cd = _compute_dtype(u, w)
       delta, finite = _retract_frames(
-          spec.to_frames(w).astype(cd), spec.to_frames(u).astype(cd), method, step_bound
+          spec.to_frames(w).astype(cd), spec.to_frames(u).astype(cd), method, step_bound,
+          retraction=retraction,
       )
       return (
           spec.from_frames(delta, u.shape).astype(w.dtype),

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from benchmarks import grok_seeds, train_step, update_step, vs_geoopt
+from benchmarks import grok_seeds, mmuon_solver, train_step, update_step, vs_geoopt
 
 
 def _main(module, argv, capsys, monkeypatch):
@@ -23,6 +23,23 @@ def test_update_step_table_and_summary(capsys, monkeypatch):
   assert rows[0][-1] == str(2 * 128 * 16 * 4)
   assert rows[1][-1] == str(128 * 16 * 4 + 4 + 8)
   assert re.search(r"^summary: .*\(8,128,16\) [0-9.]+x", out, re.M)
+
+
+def test_update_step_family_rows(capsys, monkeypatch):
+  out = _main(update_step, ["--quick", "--methods", "auto", "--reps", "1", "--family",
+                            "--shapes", "(4,128,32)"], capsys, monkeypatch)
+  rows = [line for line in out.splitlines() if line.startswith("(8,128,16)")]
+  for label in ("retraction=qr", "retraction=cayley", "manifold_muon", "optax muon"):
+    assert sum(label in r for r in rows) == 1, label
+
+
+def test_mmuon_solver_tables(capsys, monkeypatch):
+  out = _main(mmuon_solver, ["--quick", "--reps", "1"], capsys, monkeypatch)
+  rows = [line.split() for line in out.splitlines() if line.startswith("(4, 16, 4)")]
+  assert len(rows) == 2
+  shipped, plain = (float(r[-1]) for r in rows)  # the gaps at K=40
+  assert shipped < 1e-10 and shipped <= plain
+  assert re.search(r"K=10 +[0-9.]+ ms", out)
 
 
 def test_train_step_summary(capsys, monkeypatch):

@@ -354,3 +354,39 @@ def test_covariance_command_rejects_unknown_names(capsys):
   err = capsys.readouterr().err
   assert "stiefax covariance: error: unknown optimizer 'lion'" in err
   assert "Traceback" not in err
+
+
+def test_reference_elr_schedule_recursion_and_errors(x64):
+  ref = cov.reference_elr_schedule(1e-2, 0.1, 50, 0.05, update_rms=0.2)
+  eta = 1e-2 * (1 - np.arange(50) / 50)
+  rms2 = 0.05 ** 2
+  for t in range(50):  # the recursion of the docstring, step by step
+    np.testing.assert_allclose(ref.weight_rms[t], np.sqrt(rms2), rtol=1e-12)
+    np.testing.assert_allclose(ref.elr[t], eta[t] * 0.2 / np.sqrt(rms2), rtol=1e-12)
+    rms2 = (1 - eta[t] * 0.1) ** 2 * rms2 + (eta[t] * 0.2) ** 2
+  per_step = cov.reference_elr_schedule(1e-2, 0.1, 50, 0.05, update_rms=np.full(50, 0.2))
+  np.testing.assert_allclose(per_step.elr, ref.elr)
+  for kwargs, match in ((dict(learning_rate=0.0), "learning_rate must be > 0"),
+                        (dict(weight_decay=-1.0), "weight_decay must be >= 0"),
+                        (dict(steps=0), "steps must be a positive int")):
+    args = dict(learning_rate=1e-2, weight_decay=0.1, steps=10, init_rms=0.1) | kwargs
+    with pytest.raises(ValueError, match=match):
+      cov.reference_elr_schedule(**args)
+
+
+def test_reference_elr_schedule_has_the_shape_of_a_real_adamw_run():
+  from benchmarks import elr_reference  # pylint: disable=g-import-not-at-top
+
+  steps = 300
+  elr, u_rms, _, init_rms = elr_reference.measure_adamw_elr(3e-2, 0.1, steps, 32)
+  ref = cov.reference_elr_schedule(3e-2, 0.1, steps, init_rms)
+  # The premise: Adam's update RMS is about 0.2 once gradients are noisy (step 0 is ~1).
+  assert 0.1 < float(np.median(u_rms[steps // 4: 3 * steps // 4])) < 0.4
+  assert u_rms[0] > 0.9
+  # The shape: high start, decline, to zero with the rate (the level is not fitted).
+  corr, _, _ = elr_reference.fit(elr, ref.elr)
+  assert corr > 0.8, corr
+  for curve in (elr, ref.elr):
+    assert np.mean(curve[-5:]) < 0.1 * np.mean(curve[steps // 4 - 5: steps // 4 + 5])
+  # Control: a schedule of the opposite shape does not fit.
+  assert elr_reference.fit(elr, ref.elr[::-1])[0] < 0

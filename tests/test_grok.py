@@ -173,7 +173,10 @@ def _first_update(config, arm, grad_value):
 # (frame decay, circuit decay) per arm; None: the frames stay on the manifold.
 _DECAY = {"A2": (1.0, 1.0), "B2": (None, 1.0), "B2m": (None, 1.0), "B2m-can": (None, 1.0),
           "B2-frz": (0.0, 1.0), "A2-nwf": (0.0, 1.0), "B2-hi": (None, 2.0),
-          "B2-sn": (None, 1.0), "B2-comb": (None, 2.0)}
+          "B2-sn": (None, 1.0), "B2-comb": (None, 2.0), "B2-mmuon": (None, 1.0),
+          "B2-qr": (None, 1.0), "B2-cayley": (None, 1.0),
+          # Muon decays at its own rate: -MUON_LR * decay * w.
+          "A2-muon": (grok.MUON_LR / TINY.learning_rate, 1.0)}
 
 
 @pytest.mark.parametrize("arm", list(grok.ARMS))

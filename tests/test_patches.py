@@ -259,7 +259,8 @@ def test_arm_names_and_aliases():
   assert patches.arm_by_name("pa16").name == "B2-SGD"
   assert patches.arm_by_name("b2").name == "B2"
   assert set(patches.ARMS) == {"A2", "A2-orth", "B2", "B2-SGD", "frozen", "elementwise",
-                               "grassmann", "soft"}
+                               "grassmann", "soft", *patches.OPTIMIZER_ARMS}
+  assert set(patches.OPTIMIZER_ARMS) == {"B2-mmuon", "A2-muon", "B2-qr", "B2-cayley"}
   setting = patches.Setting(n_train=10_000, epochs=40)
   assert setting.steps_per_epoch == 40 and setting.total_steps == 1600
   assert setting.warmup_steps == 200
@@ -489,3 +490,26 @@ def test_damaged_cache_files_are_rebuilt_with_a_notice(cifar, image_folder, tmp_
   patch_data.prepare(images, **kw)  # the rebuilt files read back silently
   patch_data.load_images(str(image_folder["archive"]), cache_dir=tmp_path)
   assert capsys.readouterr().err == ""
+
+
+def test_optimizer_family_arms_run_end_to_end_on_digits(tmp_path, capsys):
+  out = tmp_path / "runs"
+  argv = ["patches", "--arms", ",".join(patches.OPTIMIZER_ARMS), "--seeds", "0",
+          "--epochs", "3", "--warmup-epochs", "1", "--n-train", "256", "--mlp-ratio", "1",
+          "--select-lr", "--n-val", "128", "--out", str(out),
+          "--grid", "B2-mmuon=0.02:0.05,A2-muon=0.02,B2-qr=1.0,B2-cayley=1.0",
+          "--cache", str(tmp_path / "cache"), "--no-progress"]
+  assert cli.main(argv) == 0
+  runs = [json.loads(p.read_text()) for p in out.glob("run-*.json")]
+  by_arm = {r["arm"]: r for r in runs}
+  assert set(by_arm) == set(patches.OPTIMIZER_ARMS)
+  for name, r in by_arm.items():
+    assert r["metrics"]["test_acc"] > 0.2, name  # chance is 0.1
+    assert np.isfinite(r["history"]["train_loss"][-1])
+    if name != "A2-muon":
+      assert r["metrics"]["isometry"] < 1e-5, name
+  assert by_arm["A2-muon"]["metrics"]["isometry"] > 1e-3  # unconstrained frames
+  assert by_arm["B2-mmuon"]["config"]["eps"] is None
+  assert len(list(out.glob("select-lr-*.json"))) == 5
+  text = capsys.readouterr().out
+  assert "selected B2-mmuon" in text and "selected A2-muon" in text

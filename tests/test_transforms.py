@@ -22,6 +22,8 @@ NEEDS_PARAMS = {
     "scalar_moment": lambda f: stiefax.scalar_moment(frames=f),
     "elementwise_moment": lambda f: stiefax.elementwise_moment(frames=f),
     "polar_retract": lambda f: stiefax.polar_retract(f),
+    "retract": lambda f: stiefax.retract(f, "qr"),
+    "manifold_muon": lambda f: stiefax.manifold_muon(0.1, frames=f),
 }
 ALL = dict(NEEDS_PARAMS, step_norm_cap=lambda f: stiefax.step_norm_cap(0.1, f))
 TANGENT_OUTPUT = ["stiefel_project", "grassmann_project", "canonical_gradient",
@@ -169,3 +171,86 @@ def test_unknown_strings_list_the_valid_ones():
 def test_r_greater_than_d_names_the_shape_at_init():
   with pytest.raises(ValueError, match=r"\(4, 2, 8\)"):
     stiefax.riemannian_adam().init(jnp.zeros((4, 2, 8)))
+
+
+def tangent(rng, w, scale=0.5):
+  wf = to_ref(w)
+  g = rng.standard_normal(wf.shape)
+  return np.stack([ref.stiefel_project(wf[h], g[h]) for h in range(len(wf))]) * scale
+
+
+def test_qr_and_cayley_match_float64_references(x64, rng):
+  w = kernel(rng)
+  wf, xi = to_ref(w), tangent(rng, w)
+  eta = jnp.asarray(np.transpose(xi, (1, 0, 2)))
+  for name in ("qr", "cayley"):
+    tx = stiefax.retract(retraction=name)
+    new = to_ref(optax.apply_updates(w, tx.update(eta, tx.init(w), w)[0]))
+    for h in range(H):
+      if name == "qr":
+        q, r = np.linalg.qr(wf[h] + xi[h])
+        expected = q * np.sign(np.diag(r))
+      else:  # the dense Cayley transform of Omega = P xi W^T - W xi^T P
+        p = np.eye(D) - 0.5 * wf[h] @ wf[h].T
+        om = p @ xi[h] @ wf[h].T - wf[h] @ xi[h].T @ p
+        expected = np.linalg.solve(np.eye(D) - om / 2, (np.eye(D) + om / 2) @ wf[h])
+      np.testing.assert_allclose(new[h], expected, atol=1e-12)
+
+
+def test_retractions_agree_with_polar_to_first_order(x64, rng):
+  w = kernel(rng)
+  wf, xi = jnp.asarray(to_ref(w)), jnp.asarray(tangent(rng, w))
+  fns = {"polar": lambda t: stiefax.geometry.polar(wf + t * xi),
+         "qr": lambda t: stiefax.geometry.qr_retract(wf, t * xi),
+         "cayley": lambda t: stiefax.geometry.cayley_retract(wf, t * xi)}
+  for name, fn in fns.items():
+    at0, deriv = jax.jvp(fn, (jnp.zeros([]),), (jnp.ones([]),))
+    assert float(jnp.max(jnp.abs(at0 - wf))) < 1e-13, name
+    assert float(jnp.max(jnp.abs(deriv - xi))) < 1e-12, name
+  # The difference to polar is O(t^2): halving t quarters it (QR, Cayley are first order).
+  for name in ("qr", "cayley"):
+    e = [float(jnp.max(jnp.abs(fns[name](t) - fns["polar"](t)))) for t in (1e-2, 5e-3)]
+    assert 3.5 < e[0] / e[1] < 4.5, (name, e)
+
+
+@pytest.mark.parametrize("retraction", ["qr", "cayley"])
+def test_retraction_choice_in_the_aliases_and_jitted_loops(rng, retraction):
+  w = kernel(rng, dtype=np.float32)
+  a = rng.standard_normal((D, D))
+  a = jnp.asarray(a + a.T, jnp.float32)
+  for tx in (stiefax.riemannian_adam(retraction=retraction),
+             stiefax.riemannian_sgd(0.05, retraction=retraction)):
+    @jax.jit
+    def run(w0, tx=tx):
+      def body(carry, _):
+        w, state = carry
+        u, state = tx.update(-2 * jnp.einsum("de,ehr->dhr", a, w), state, w)
+        return (optax.apply_updates(w, u), state), None
+      return jax.lax.scan(body, (w0, tx.init(w0)), None, length=50)[0][0]
+
+    out = run(w)
+    assert float(stiefax.diagnostics.isometry_error(out)) < 2e-6
+    assert float(jnp.max(jnp.abs(out - w))) > 1e-2
+
+
+def test_fused_adam_with_each_retraction_matches_the_chain(x64, rng):
+  w = kernel(rng)
+  for retraction in stiefax.RETRACTIONS:
+    fused = stiefax.riemannian_adam(retraction=retraction)
+    chain = stiefax.riemannian_adam(retraction=retraction, fused=False)
+    s1, s2 = fused.init(w), chain.init(w)
+    for _ in range(3):
+      g = jnp.asarray(rng.standard_normal(w.shape))
+      u1, s1 = fused.update(g, s1, w)
+      u2, s2 = chain.update(g, s2, w)
+      np.testing.assert_allclose(u1, u2, atol=1e-11)
+    if retraction != "polar":
+      assert float(jnp.max(jnp.abs(u1 - stiefax.riemannian_adam().update(g, s1, w)[0]))) > 0
+
+
+def test_unknown_retraction_is_a_clear_error():
+  for make in (lambda: stiefax.retract(retraction="exp"),
+               lambda: stiefax.riemannian_adam(retraction="exp"),
+               lambda: stiefax.riemannian_sgd(retraction="exp")):
+    with pytest.raises(ValueError, match="Unknown retraction 'exp'; valid retractions are"):
+      make()

@@ -30,6 +30,7 @@ from mkdocs.structure.files import File
 API_MODULES = (
     "stiefax",
     "stiefax.geometry",
+    "stiefax.muon",
     "stiefax.flax",
     "stiefax.diagnostics",
     "stiefax.certificates",

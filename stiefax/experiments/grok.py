@@ -17,6 +17,10 @@ Arms (they differ only in how W_Q, W_K are treated, except where noted):
   B2-hi    B2 with circuit weight decay 2.0
   B2-sn    B2 with every circuit matrix initialized at 0.1x its default scale
   B2-comb  B2-hi and B2-sn together
+  B2-mmuon manifold Muon on W_Q, W_K (stiefax.manifold_muon, rate 0.05)
+  A2-muon  optax.contrib.muon on W_Q, W_K (rate 0.02, decayed), unconstrained
+  B2-qr    B2 with the sign-fixed QR retraction
+  B2-cayley B2 with the Cayley retraction
 Stiefel arms start from the polar factor of the default W_Q, W_K initialization;
 every other parameter, and the train/held-out split, are shared by all arms of a seed.
 
@@ -122,6 +126,7 @@ class Arm:
 
   description: str
   rule: str  # "adamw" | "riemannian" | "elementwise" | "elementwise-canonical" | "frozen" | "adam"
+  # | "riemannian-qr" | "riemannian-cayley" | "mmuon" | "muon"
   orthonormal: bool = True  # start W_Q, W_K on the manifold
   weight_decay: Optional[float] = None  # circuit decay (None: the config's)
   circuit_init_scale: float = 1.0  # multiplies every non-frame matrix at init
@@ -137,7 +142,14 @@ ARMS = {
     "B2-hi": Arm("B2 with circuit decay 2.0", "riemannian", weight_decay=2.0),
     "B2-sn": Arm("B2 with circuit init 0.1x", "riemannian", circuit_init_scale=0.1),
     "B2-comb": Arm("B2-hi + B2-sn", "riemannian", weight_decay=2.0, circuit_init_scale=0.1),
+    "B2-mmuon": Arm("manifold Muon on W_Q, W_K (rate 0.05)", "mmuon"),
+    "A2-muon": Arm("optax.contrib.muon on W_Q, W_K (rate 0.02), unconstrained", "muon",
+                   orthonormal=False),
+    "B2-qr": Arm("B2 with the QR retraction", "riemannian-qr"),
+    "B2-cayley": Arm("B2 with the Cayley retraction", "riemannian-cayley"),
 }
+# Frame rates of the optimizer-family arms (grok has no rate selection).
+MMUON_LR, MUON_LR = 0.05, 0.02
 
 # ----------------------------------------------------------------------------
 # Metrics on an evaluation history (epochs ascending).
@@ -346,6 +358,18 @@ def make_optimizer(config: GrokConfig, arm: Arm):
           lr, b1, b2, moment="elementwise", max_norm=None, projector="canonical"),
       "frozen": optax.set_to_zero,
       "adam": lambda: optax.adam(lr, b1=b1, b2=b2),
+      "riemannian-qr": lambda: stiefax.riemannian_adam(
+          rate(config.riemannian_lr), b1, b2, eps=config.riemannian_eps, max_norm=config.tau,
+          retraction="qr"),
+      "riemannian-cayley": lambda: stiefax.riemannian_adam(
+          rate(config.riemannian_lr), b1, b2, eps=config.riemannian_eps, max_norm=config.tau,
+          retraction="cayley"),
+      "mmuon": lambda: stiefax.manifold_muon(rate(MMUON_LR)),
+      # (d, heads, r) kernels: reduce over d, one matrix per head; decayed like A2.
+      "muon": lambda: optax.contrib.muon(
+          rate(MUON_LR), weight_decay=wd,
+          muon_weight_dimension_numbers=lambda p: jax.tree.map(
+              lambda _: optax.contrib.MuonDimensionNumbers(0, 2), p)),
   }[arm.rule]()
   return stiefax.stiefel_adamw(lr, wd, b1=b1, b2=b2, stiefel=frames)
 

@@ -24,7 +24,7 @@ cross-entropy; test accuracy at the final epoch. The batch order and the initial
 non-frame parameters depend on the seed only (shared across arms); the orthonormal
 frames are drawn from the seed too (identical across the arms that use them).
 
-Arms (``--arms``, or ``all``):
+Arms (``--arms``, or ``all`` for the paper's eight above the blank line):
 
   A2           AdamW + Xavier on everything (rate --adamw-lr, paper's 1e-2)
   A2-orth      AdamW, W_Q and W_K initialized orthonormal
@@ -34,6 +34,11 @@ Arms (``--arms``, or ``all``):
   elementwise  riemannian_adam(0.03, moment="elementwise")
   grassmann    riemannian_adam(1.0, projector="grassmann")
   soft         AdamW + lambda * orthogonality_penalty (lambda = --penalty, 0.1)
+
+  B2-mmuon     manifold_muon(0.05) on W_Q, W_K (spectral-norm steepest descent on St)
+  A2-muon      optax.contrib.muon(0.02) on W_Q, W_K (Xavier init, unconstrained)
+  B2-qr        B2 with the sign-fixed QR retraction
+  B2-cayley    B2 with the Cayley retraction
 
 Protocols: ``run`` (default; ``--seeds`` paired, ``--select-lr`` first picks each
 arm's rate on the validation images [n_train : n_train + n_val]), ``sweep-n``
@@ -87,6 +92,7 @@ class Arm:
   rule: dict = dataclasses.field(default_factory=dict)  # riemannian_adam / sgd kwargs
   sgd: bool = False
   penalty: bool = False
+  muon: str = ""  # "manifold" (stiefax.manifold_muon) or "euclidean" (optax.contrib.muon)
 
 
 ARMS = {
@@ -109,11 +115,21 @@ ARMS = {
             "Riemannian Adam, Grassmann projector", {"projector": "grassmann"}),
         Arm("soft", "adamw", "xavier", None, (0.01, 0.1, 1.0),
             "AdamW + lambda ||W^T W - I||_F^2", penalty=True),
+        Arm("B2-mmuon", "riemannian", "orthonormal", 0.05, (0.02, 0.05, 0.1),
+            "manifold Muon (spectral-norm steepest descent on St)", muon="manifold"),
+        Arm("A2-muon", "riemannian", "xavier", 0.02, (0.005, 0.02, 0.05),
+            "optax.contrib.muon on W_Q, W_K, unconstrained", muon="euclidean"),
+        Arm("B2-qr", "riemannian", "orthonormal", 1.0, (0.3, 1.0, 3.0),
+            "Riemannian Adam, QR retraction", {"retraction": "qr"}),
+        Arm("B2-cayley", "riemannian", "orthonormal", 1.0, (0.3, 1.0, 3.0),
+            "Riemannian Adam, Cayley retraction", {"retraction": "cayley"}),
     )
 }
 ALIASES = {"pa16": "B2-SGD", "b2sgd": "B2-SGD", "a2orth": "A2-orth", "soft-penalty": "soft",
            "penalty": "soft", "grassmann-adam": "grassmann", "elem": "elementwise"}
 ADAM_ARMS = ("B2", "elementwise", "grassmann")  # arms with a Riemannian eps
+# The optimizer-family comparison (docs/optimizers.md); named explicitly, not in "all".
+OPTIMIZER_ARMS = ("B2-mmuon", "A2-muon", "B2-qr", "B2-cayley")
 
 
 def arm_by_name(name: str) -> Arm:
@@ -173,7 +189,7 @@ def arm_hparams(arm: Arm, setting: Setting, knob: Optional[float]) -> dict:
     hp["adamw_lr"] = setting.adamw_lr if knob is None else knob
   else:
     hp["riemannian_lr"] = arm.default if knob is None else knob
-  if arm.family == "riemannian" and not arm.sgd:
+  if arm.family == "riemannian" and not arm.sgd and not arm.muon:
     hp["eps"] = setting.eps
   return hp
 
@@ -247,7 +263,15 @@ def make_optimizer(arm: Arm, setting: Setting, hp: dict):
                        mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p))
   rate = hp["riemannian_lr"]
   rate = schedule(rate) if rate else 0.0
-  if arm.sgd:
+  if arm.muon == "manifold":
+    rule = stiefax.manifold_muon(rate, **arm.rule)
+  elif arm.muon == "euclidean":
+    # W_Q, W_K are (d, heads, r) kernels: reduce over d, one matrix per head.
+    dims = optax.contrib.MuonDimensionNumbers(reduction_axis=0, output_axis=2)
+    rule = optax.contrib.muon(
+        rate, weight_decay=setting.weight_decay,
+        muon_weight_dimension_numbers=lambda p: jax.tree.map(lambda _: dims, p))
+  elif arm.sgd:
     rule = stiefax.riemannian_sgd(rate, polar=setting.polar, **arm.rule)
   else:
     rule = stiefax.riemannian_adam(rate, eps=hp["eps"], max_norm=setting.max_norm,
@@ -886,7 +910,7 @@ def run(args: argparse.Namespace) -> int:
   _validate(args)
   digits = args.data is None
   if args.arms.strip().lower() == "all":
-    arms = list(ARMS.values())
+    arms = [a for a in ARMS.values() if a.name not in OPTIMIZER_ARMS]
   else:
     names = [t for t in args.arms.split(",") if t.strip()]
     if not names:
