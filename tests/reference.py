@@ -35,13 +35,35 @@ def polar(a):
   return u @ vt
 
 
+def qr_retract(w, eta):
+  """``qf(W + eta)`` with ``diag(R) > 0``."""
+  q, r = np.linalg.qr(w + eta)
+  return q * np.sign(np.diag(r))
+
+
+def cayley_retract(w, eta):
+  """The dense Cayley transform of ``Omega = P eta W^T - W eta^T P``, ``P = I - W W^T / 2``."""
+  eye = np.eye(w.shape[0])
+  p = eye - 0.5 * w @ w.T
+  om = p @ eta @ w.T - w @ eta.T @ p
+  return np.linalg.solve(eye - om / 2, (eye + om / 2) @ w)
+
+
+RETRACT = {
+    "polar": lambda w, eta: polar(w + eta),
+    "qr": qr_retract,
+    "cayley": cayley_retract,
+}
+
+
 class RiemannianAdam:
   """One frame at a time, exactly as listed in section 3.2 of the paper."""
 
   def __init__(self, lr=1.0, b1=0.9, b2=0.999, eps=1e-8, max_norm=0.1,
-               projector="stiefel", moment="scalar"):
+               projector="stiefel", moment="scalar", retraction="polar"):
     self.lr, self.b1, self.b2, self.eps = lr, b1, b2, eps
     self.max_norm, self.projector, self.moment = max_norm, projector, moment
+    self.retraction = retraction
     self.transport = grassmann_project if projector == "grassmann" else stiefel_project
     self.m = self.v = None
     self.t = 0
@@ -71,12 +93,13 @@ class RiemannianAdam:
         norm = np.linalg.norm(eta)
         if norm > limit:
           eta = eta * (limit / norm)
-      out[h] = polar(W + eta)
+      out[h] = RETRACT[self.retraction](W, eta)
     return out
 
 
-def riemannian_sgd(w, g, lr=0.02, projector="grassmann"):
-  return np.stack([polar(w[h] - lr * PROJECT[projector](w[h], g[h])) for h in range(len(w))])
+def riemannian_sgd(w, g, lr=0.02, projector="grassmann", retraction="polar"):
+  return np.stack([RETRACT[retraction](w[h], -lr * PROJECT[projector](w[h], g[h]))
+                   for h in range(len(w))])
 
 
 def random_frames(rng, shape):
