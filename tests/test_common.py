@@ -284,14 +284,29 @@ def stepped(name: str):
 @functools.cache
 def wrapped(name: str):
   """``optax.MultiSteps`` (every 2) over ``optax.inject_hyperparams`` of the factory
-  (when it takes a learning rate), with its jitted update."""
+  (when it takes a learning rate); its jitted update passes extra arguments, which
+  MultiSteps hands to the inner update through ``optax.with_extra_args_support``."""
   case = CASES[name]
   if "learning_rate" in case.kwargs:
     inner = optax.inject_hyperparams(case.factory, static_args=case.static_args)(**case.kwargs)
   else:
     inner = case.make()
   multi = optax.MultiSteps(inner, every_k_schedule=2)
-  return multi, JIT(multi.update)
+  update = JIT(lambda g, s, p, v: multi.update(g, s, p, value=v, step=7))
+  return multi, lambda g, s, p: update(g, s, p, jnp.asarray(1.0)), update
+
+
+@functools.cache
+def accumulated(name: str):
+  """Two MultiSteps updates from init; returns (params, g1, g2, u1, u2, state)."""
+  case = CASES[name]
+  multi, update, _ = wrapped(name)
+  params = make_params(case.params)
+  g1, g2 = make_grads(params, jax.random.key(1)), make_grads(params, jax.random.key(2))
+  state = multi.init(params)
+  u1, state = update(g1, state, params)
+  u2, state = update(g2, state, params)
+  return params, g1, g2, u1, u2, state
 
 
 def _signature(tree):
@@ -350,13 +365,8 @@ def test_frames_stay_on_the_manifold(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_multisteps_accumulates_then_applies_the_mean(name):
   case = CASES[name]
-  multi, update = wrapped(name)
-  params = make_params(case.params)
-  g1, g2 = make_grads(params, jax.random.key(1)), make_grads(params, jax.random.key(2))
-  state = multi.init(params)
-  u1, state = update(g1, state, params)
+  params, g1, g2, u1, u2, state = accumulated(name)
   assert _zero(u1)
-  u2, state = update(g2, state, params)
   expected, inner = plain(name, _mean(g1, g2), transform(name).init(params), params)
   assert _max_diff(u2, expected) < 1e-5
   assert not _zero(u2)
@@ -369,7 +379,7 @@ def test_multisteps_accumulates_then_applies_the_mean(name):
 @pytest.mark.parametrize("name", WITH_LR)
 def test_inject_hyperparams_traces_the_learning_rate(name):
   case = CASES[name]
-  multi, update = wrapped(name)
+  multi, update, compiled = wrapped(name)
   params = make_params(case.params)
   grads = [make_grads(params, jax.random.key(i)) for i in range(4)]
   state = multi.init(params)
@@ -378,11 +388,11 @@ def test_inject_hyperparams_traces_the_learning_rate(name):
   hyper = state.inner_opt_state.hyperparams
   np.testing.assert_allclose(hyper["learning_rate"], case.kwargs["learning_rate"], rtol=1e-6)
   # A new rate is a new value of the same program: zero freezes what it scales.
-  size = update._cache_size()
+  size = compiled._cache_size()
   hyper["learning_rate"] = jnp.zeros_like(hyper["learning_rate"])
   for g in grads[2:]:
     u0, state = update(g, state, params)
-  assert update._cache_size() == size
+  assert compiled._cache_size() == size
   for key in case.lr_leaves:
     if key in u0:
       assert _zero(u0[key]) and not _zero(u[key]), key
@@ -390,16 +400,12 @@ def test_inject_hyperparams_traces_the_learning_rate(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_extra_args_are_accepted(name):
-  case = CASES[name]
   tx = transform(name)
-  params = make_params(case.params)
-  grads = make_grads(params, jax.random.key(3))
-  extra = optax.with_extra_args_support(tx)
-  update = JIT(lambda g, s, p, v: extra.update(g, s, p, value=v, step=3))
-  u, state = update(grads, extra.init(params), params, jnp.asarray(1.0))
-  expected, expected_state = plain(name, grads, tx.init(params), params)
-  assert _max_diff(u, expected) < 1e-6
-  assert _max_diff(state, expected_state) < 1e-6
+  assert isinstance(optax.with_extra_args_support(tx), optax.GradientTransformationExtraArgs)
+  # The MultiSteps program passes value= and step= down to the update.
+  params, g1, g2, _, u2, _ = accumulated(name)
+  expected, _ = plain(name, _mean(g1, g2), tx.init(params), params)
+  assert _max_diff(u2, expected) < 1e-5
 
 
 def _counter(path: str) -> bool:
