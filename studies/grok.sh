@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The paper-scale grokking runs on a CPU: A2 and B2 at `--preset paper`, seed 0
+# (Table 4's first two rows; about 95 minutes per arm on two cores, longer on one).
+#
+# Usage: studies/grok.sh [WORK] [OUT]
+#   WORK  where runs train, with their Orbax checkpoints and locks (default
+#         ~/.cache/stiefax/studies/grok): outside the repository, so an interrupted
+#         run resumes from its last checkpoint when this script runs again
+#   OUT   where finished runs' JSON is copied for the repository (default results/grok)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WORK=${1:-$HOME/.cache/stiefax/studies/grok}
+OUT=${2:-results/grok}
+CORE=${STIEFAX_CORE:-0}
+export XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
+mkdir -p "$WORK" "$OUT"
+for arm in A2 B2; do
+  taskset -c "$CORE" stiefax grok --preset paper --arms "$arm" --seeds 0 \
+      --checkpoint-every 500 --out "$WORK"
+  cp -n "$WORK"/*.json "$OUT"/ 2>/dev/null || true
+done
+echo "grok study: every run is finished"
