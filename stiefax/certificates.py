@@ -1646,13 +1646,16 @@ def mmuon_spectral_norm(seed: int = 0, *, vacuous: bool = False) -> Certificate:
   return _certify("mmuon_spectral_norm", "mMuon", measure, vacuous)
 
 
-def _scipy_spectral_step(w: np.ndarray, g: np.ndarray) -> np.ndarray:
+def scipy_spectral_step(w: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, Any]:
   """``max tr(G^T A)`` s.t. ``||A||_2 <= 1``, ``A`` tangent, by scipy's SLSQP.
 
   Independent of the dual solver: ``A = W Omega + W_perp K`` (``Omega`` skew) spans
   the tangent space, and the spectral ball is the smooth equality
   ``A^T A + L L^T = I`` with a lower-triangular slack ``L``; exact Jacobians. The
   returned direction is divided by ``max(1, ||A||_2)`` so that it is feasible.
+
+  Returns:
+    ``(A, result)``: the direction and scipy's ``OptimizeResult``.
   """
   import scipy.linalg  # pylint: disable=g-import-not-at-top
   import scipy.optimize  # pylint: disable=g-import-not-at-top
@@ -1700,7 +1703,7 @@ def _scipy_spectral_step(w: np.ndarray, g: np.ndarray) -> np.ndarray:
       constraints=[{"type": "eq", "fun": eq, "jac": eq_jac}], method="SLSQP",
       options={"ftol": 1e-15, "maxiter": 1000})
   a, _ = split(out.x)
-  return a / max(1.0, float(np.linalg.norm(a, 2)))
+  return a / max(1.0, float(np.linalg.norm(a, 2))), out
 
 
 _direction_jit = jax.jit(muon.spectral_tangent_direction, static_argnames=("iterations",))
@@ -1712,7 +1715,7 @@ def mmuon_optimum(seed: int = 0, *, vacuous: bool = False) -> Certificate:
   ``max tr(G^T A)`` subject to ``||A||_2 <= 1`` and ``W^T A + A^T W = 0``, solved by
   :func:`stiefax.muon.spectral_tangent_direction` (40 dual iterations from a cold
   start) and independently by scipy's SLSQP on a smooth reformulation
-  (:func:`_scipy_spectral_step`), for three frames of ``St(10, 3)``; residual: the
+  (:func:`scipy_spectral_step`), for three frames of ``St(10, 3)``; residual: the
   largest relative objective difference ``|f - f_scipy| / f_scipy``, tolerance
   ``1e-6``. Control: the tangent gradient scaled into the spectral ball, which is
   feasible but not optimal.
@@ -1742,7 +1745,7 @@ def mmuon_optimum(seed: int = 0, *, vacuous: bool = False) -> Certificate:
       a = np.asarray(_direction_jit(jnp.asarray(w), jnp.asarray(g), iterations=40).direction)
     worst = 0.0
     for h in range(len(w)):
-      ref = float(np.sum(g[h] * _scipy_spectral_step(w[h], g[h])))
+      ref = float(np.sum(g[h] * scipy_spectral_step(w[h], g[h])[0]))
       worst = max(worst, abs(float(np.sum(g[h] * a[h])) - ref) / abs(ref))
     return worst
 

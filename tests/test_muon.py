@@ -5,69 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-import scipy.linalg
-import scipy.optimize
 
 import stiefax
 from stiefax import certificates, muon
 from tests import reference as ref
-
-
-def scipy_spectral_step(w, g):
-  """max tr(G^T A) s.t. A^T A + L L^T = I, A tangent: SLSQP with exact Jacobians.
-
-  Independent of the dual: the tangent space is parametrized as ``A = W Omega + W_perp K``
-  (``Omega`` skew) and the spectral ball as the smooth equality ``A^T A + L L^T = I``
-  with a lower-triangular slack ``L``.
-  """
-  d, r = w.shape
-  w_perp = scipy.linalg.null_space(w.T)
-  basis = []
-  for i, j in zip(*np.triu_indices(r, 1)):
-    om = np.zeros((r, r))
-    om[i, j], om[j, i] = 1.0, -1.0
-    basis.append(w @ om)
-  for i in range(d - r):
-    for j in range(r):
-      e = np.zeros((d - r, r))
-      e[i, j] = 1.0
-      basis.append(w_perp @ e)
-  basis = np.stack(basis)
-  low_basis = []
-  for i, j in zip(*np.tril_indices(r)):
-    e = np.zeros((r, r))
-    e[i, j] = 1.0
-    low_basis.append(e)
-  low_basis = np.stack(low_basis)
-  na, iu = len(basis), np.triu_indices(r)
-  gs = g / np.linalg.norm(g)
-  lin = np.einsum("kdr,dr->k", basis, gs)
-
-  def split(x):
-    return np.einsum("k,kdr->dr", x[:na], basis), np.einsum("k,krs->rs", x[na:], low_basis)
-
-  def eq(x):
-    a, low = split(x)
-    return (a.T @ a + low @ low.T - np.eye(r))[iu]
-
-  def eq_jac(x):
-    a, low = split(x)
-    ja = np.einsum("kdr,ds->krs", basis, a)
-    ja = ja + np.swapaxes(ja, -1, -2)
-    jl = np.einsum("krs,ts->krt", low_basis, low)
-    jl = jl + np.swapaxes(jl, -1, -2)
-    return np.concatenate([ja[:, iu[0], iu[1]], jl[:, iu[0], iu[1]]]).T
-
-  xi = g - w @ ref.sym(w.T @ g)
-  a0 = 0.5 * xi / np.linalg.norm(xi, 2)
-  x0 = np.concatenate([np.linalg.lstsq(basis.reshape(na, -1).T, a0.ravel(), rcond=None)[0],
-                       np.linalg.cholesky(np.eye(r) - a0.T @ a0)[np.tril_indices(r)]])
-  out = scipy.optimize.minimize(
-      lambda x: -lin @ x[:na], x0, jac=lambda x: -np.concatenate([lin, np.zeros(len(x) - na)]),
-      constraints=[{"type": "eq", "fun": eq, "jac": eq_jac}], method="SLSQP",
-      options={"ftol": 1e-15, "maxiter": 1000})
-  a, _ = split(out.x)
-  return a, out
 
 
 def frames_and_grads(rng, shape):
@@ -79,7 +20,7 @@ def frames_and_grads(rng, shape):
 def test_direction_attains_the_independent_scipy_optimum(x64, d, r, seed):
   rng = np.random.default_rng(seed)
   w, g = frames_and_grads(rng, (d, r))
-  a_ref, out = scipy_spectral_step(w, g)
+  a_ref, out = certificates.scipy_spectral_step(w, g)
   assert out.success, out.message
   # The reference is feasible: tangent, spectral norm 1 (to its own tolerance).
   assert np.max(np.abs(w.T @ a_ref + a_ref.T @ w)) < 1e-9
