@@ -513,3 +513,14 @@ def test_optimizer_family_arms_run_end_to_end_on_digits(tmp_path, capsys):
   assert len(list(out.glob("select-lr-*.json"))) == 5
   text = capsys.readouterr().out
   assert "selected B2-mmuon" in text and "selected A2-muon" in text
+  # A run at a selected rate is the run that --lr gives at that rate: it pairs with
+  # unselected runs, so giving the rate by hand finds it finished.
+  assert all(r["config"]["n_val"] == 0 for r in runs)
+  argv_lr = [a for a in argv if a not in ("--select-lr",)]
+  i = argv_lr.index("--grid")
+  argv_lr[i:i + 2] = ["--lr", "B2-qr=1.0"]
+  argv_lr[argv_lr.index("--arms") + 1] = "B2-qr"
+  argv_lr.remove("--n-val"), argv_lr.remove("128")
+  assert cli.main(argv_lr) == 0
+  assert "seed 0   test acc" not in capsys.readouterr().out  # nothing trained again
+  assert len(list(out.glob("run-*.json"))) == len(runs)

@@ -846,8 +846,10 @@ def _protocol_run(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int]) -> li
     chosen, runs = _select(ctx, [arm for arm in arms if arm.name != "frozen"], setting, data,
                            grids)
     knobs.update(chosen)
-  else:
-    data = _data(ctx, n_train, 0)
+  # The runs hold no validation slice: the training images and the whitening fit do not
+  # depend on it, so a run at a selected rate has the same configuration (and pairs in
+  # the report) with a run given that rate by --lr.
+  data = _data(ctx, n_train, 0)
   print(f"patches: {ctx.images.name}, n_train={n_train}, test={len(data.test_y)},"
         f" {epochs} epochs x {setting.steps_per_epoch} steps, arms"
         f" {','.join(x.name for x in arms)}, seeds {','.join(map(str, seeds))}", flush=True)
