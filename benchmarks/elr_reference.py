@@ -23,10 +23,13 @@ def measure_adamw_elr(learning_rate=3e-2, weight_decay=0.1, steps=400, batch=32,
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
-  from stiefax.experiments import patch_data, patches  # pylint: disable=g-import-not-at-top
 
-  data = patch_data.prepare(patch_data.load_images(None), n_train=1000, patch=4, d=16,
-                            cache_dir=None)
+  from stiefax.experiments import patch_data  # pylint: disable=g-import-not-at-top
+  from stiefax.experiments import patches  # pylint: disable=g-import-not-at-top
+
+  data = patch_data.prepare(
+    patch_data.load_images(None), n_train=1000, patch=4, d=16, cache_dir=None
+  )
   setting = patches.Setting(n_train=1000, epochs=1, d=16, heads=4, head_dim=4)
   model = patches.make_model(setting, data.train_x.shape[1], data.num_classes)
   params = model.init(jax.random.key(seed), jnp.zeros((1,) + data.train_x.shape[1:]))
@@ -76,21 +79,31 @@ def main():
   parser.add_argument("--batch", type=int, default=32)
   parser.add_argument("--plot", default=None, help="write the figure to this PNG")
   args = parser.parse_args()
-  elr, u_rms, w_rms, init_rms = measure_adamw_elr(args.lr, args.weight_decay, args.steps,
-                                                  args.batch)
+  elr, u_rms, w_rms, init_rms = measure_adamw_elr(
+    args.lr, args.weight_decay, args.steps, args.batch
+  )
   ref = covariance.reference_elr_schedule(args.lr, args.weight_decay, args.steps, init_rms)
   corr, lo, hi = fit(elr, ref.elr)
   mid = slice(args.steps // 4, 3 * args.steps // 4)
-  print(f"AdamW lr {args.lr:g} -> 0 over {args.steps} steps, decay {args.weight_decay:g},"
-        f" batch {args.batch}; MLP input kernel of the digits patch model")
-  print(f"update RMS: step 0 {u_rms[0]:.2f}, median of the middle half {np.median(u_rms[mid]):.3f}"
-        " (reference 0.2)")
-  print(f"weight RMS: start {init_rms:.3f}, measured at T/2 {w_rms[args.steps // 2]:.3f},"
-        f" reference {ref.weight_rms[args.steps // 2]:.3f}")
-  print(f"summary: log-ELR correlation {corr:.3f}; measured/reference ELR 10-90% range"
-        f" {lo:.2f}-{hi:.2f}")
+  print(
+    f"AdamW lr {args.lr:g} -> 0 over {args.steps} steps, decay {args.weight_decay:g},"
+    f" batch {args.batch}; MLP input kernel of the digits patch model"
+  )
+  print(
+    f"update RMS: step 0 {u_rms[0]:.2f}, median of the middle half {np.median(u_rms[mid]):.3f}"
+    " (reference 0.2)"
+  )
+  print(
+    f"weight RMS: start {init_rms:.3f}, measured at T/2 {w_rms[args.steps // 2]:.3f},"
+    f" reference {ref.weight_rms[args.steps // 2]:.3f}"
+  )
+  print(
+    f"summary: log-ELR correlation {corr:.3f}; measured/reference ELR 10-90% range"
+    f" {lo:.2f}-{hi:.2f}"
+  )
   if args.plot:
     import matplotlib  # pylint: disable=g-import-not-at-top
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 

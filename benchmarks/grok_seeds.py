@@ -31,8 +31,7 @@ def main():
   config = dataclasses.replace(grok.PRESETS[args.preset]["config"], eval_every=args.window)
   arm = grok.ARMS[args.arm]
   seeds = list(range(args.seeds))
-  datas = [{k: jax.numpy.asarray(v) for k, v in grok.make_data(config, s).items()}
-           for s in seeds]
+  datas = [{k: jax.numpy.asarray(v) for k, v in grok.make_data(config, s).items()} for s in seeds]
   params = [grok.init_params(config, arm, s) for s in seeds]
   # Not donated: the same buffers serve every timed call.
   init, chunk, _ = grok._programs(config, arm, False, False)  # pylint: disable=protected-access
@@ -43,13 +42,20 @@ def main():
   def separate(ps, ss, ds):
     return [chunk(p, s, d) for p, s, d in zip(ps, ss, ds)]
 
-  ms = time_interleaved({
+  ms = time_interleaved(
+    {
       "separate": (separate, (params, states, datas)),
       "vmapped": (vchunk, stacked),
-  }, reps=args.reps, warmup=1, inner=1)
+    },
+    reps=args.reps,
+    warmup=1,
+    inner=1,
+  )
   steps = args.seeds * args.window
-  print(f"grok {args.preset} {args.arm}: {args.seeds} seeds x {args.window} steps,"
-        f" backend {jax.default_backend()}")
+  print(
+    f"grok {args.preset} {args.arm}: {args.seeds} seeds x {args.window} steps,"
+    f" backend {jax.default_backend()}"
+  )
   for name, t in ms.items():
     print(f"  {name:<9} {t:9.1f} ms per window  {t / steps:7.2f} ms per seed-step")
   print(f"  vmapped / separate = {ms['vmapped'] / ms['separate']:.2f}")

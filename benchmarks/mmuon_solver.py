@@ -18,9 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import stiefax
 from benchmarks.common import time_interleaved
-from stiefax import geometry, muon
+import stiefax
+from stiefax import geometry
+from stiefax import muon
 
 ITERATIONS = (2, 5, 10, 20, 40)
 ALPHAS = (0.01, 0.03, 0.1, 0.3)
@@ -50,14 +51,20 @@ def accuracy_table(shapes):
       init = stiefax.flax.orthonormal_init(stiefax.FrameSpec(row_axis=1))
       w = init(keys[0], (h, d, r), jnp.float64)
       g = jax.random.normal(keys[1], (h, d, r), jnp.float64)
-      row = [float(jnp.median(muon.spectral_tangent_direction(w, g, iterations=k).gap))
-             for k in ITERATIONS]
-      print(f"{str((h, d, r)):<14} {'preconditioned (shipped)':<28} "
-            + " ".join(f"{v:<9.1e}" for v in row))
-      best = [min(float(jnp.median(plain_dual_ascent(w, g, k, a))) for a in ALPHAS)
-              for k in ITERATIONS]
-      print(f"{str((h, d, r)):<14} {'plain, best alpha of grid':<28} "
-            + " ".join(f"{v:<9.1e}" for v in best))
+      row = [
+        float(jnp.median(muon.spectral_tangent_direction(w, g, iterations=k).gap))
+        for k in ITERATIONS
+      ]
+      print(
+        f"{(h, d, r)!s:<14} {'preconditioned (shipped)':<28} " + " ".join(f"{v:<9.1e}" for v in row)
+      )
+      best = [
+        min(float(jnp.median(plain_dual_ascent(w, g, k, a))) for a in ALPHAS) for k in ITERATIONS
+      ]
+      print(
+        f"{(h, d, r)!s:<14} {'plain, best alpha of grid':<28} "
+        + " ".join(f"{v:<9.1e}" for v in best)
+      )
 
 
 def timing(reps):
@@ -76,14 +83,16 @@ def timing(reps):
 
 
 def in_training():
-  from stiefax.experiments import patch_data, patches  # pylint: disable=g-import-not-at-top
+  from stiefax.experiments import patch_data  # pylint: disable=g-import-not-at-top
+  from stiefax.experiments import patches  # pylint: disable=g-import-not-at-top
 
   images = patch_data.load_images(None)
   data = patch_data.prepare(images, n_train=1000, n_val=0, patch=4, d=16, cache_dir=None)
   setting = patches.Setting(n_train=1000, epochs=40, d=16, heads=4, head_dim=4)
   arm = patches.ARMS["B2-mmuon"]
-  trainer = patches.Trainer(arm, setting, patches.arm_hparams(arm, setting, None),
-                            data.train_x.shape[1], data.num_classes)
+  trainer = patches.Trainer(
+    arm, setting, patches.arm_hparams(arm, setting, None), data.train_x.shape[1], data.num_classes
+  )
   params, state = trainer.init(0)
   rng = np.random.default_rng([0, 1])
   xs, ys = jnp.asarray(data.train_x), jnp.asarray(data.train_y)
@@ -92,9 +101,13 @@ def in_training():
     idx, wts = trainer.batches(rng, data.train_x.shape[0])
     params, state, _ = trainer._epoch(params, state, xs, ys, jnp.asarray(idx), jnp.asarray(wts))
     if (ep + 1) % 10 == 0:
-      gaps = np.concatenate([np.ravel(x) for _, x in
-                             jax.tree_util.tree_leaves_with_path(state)
-                             if "gap" in jax.tree_util.keystr(_)])
+      gaps = np.concatenate(
+        [
+          np.ravel(x)
+          for _, x in jax.tree_util.tree_leaves_with_path(state)
+          if "gap" in jax.tree_util.keystr(_)
+        ]
+      )
       print(f"  epoch {ep + 1:>3}: median {np.median(gaps):.1e}, max {np.max(gaps):.1e}")
 
 

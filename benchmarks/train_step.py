@@ -15,7 +15,6 @@ import argparse
 import statistics
 
 import jax
-import jax.numpy as jnp
 import optax
 
 from benchmarks.common import time_fn
@@ -70,11 +69,16 @@ def main():
       times[name].append(time_fn(timed, name, reps=1, warmup=1))
   results = {name: statistics.median(t) for name, t in times.items()}
   for name, ms in results.items():
-    print(f"{name}: {ms:.2f} ms per step (median of {args.reps}), {ms / results['A2']:.3f}x A2,"
-          f" {ms / results['B2']:.3f}x B2", flush=True)
+    print(
+      f"{name}: {ms:.2f} ms per step (median of {args.reps}), {ms / results['A2']:.3f}x A2,"
+      f" {ms / results['B2']:.3f}x B2",
+      flush=True,
+    )
   ratio = results["B2"] / results["A2"]
-  print(f"summary: training step (depth {args.depth}, batch {args.batch}, d=128, H=8, r=16) "
-        f"B2 {results['B2']:.2f} ms vs A2 {results['A2']:.2f} ms: {ratio:.3f}x")
+  print(
+    f"summary: training step (depth {args.depth}, batch {args.batch}, d=128, H=8, r=16) "
+    f"B2 {results['B2']:.2f} ms vs A2 {results['A2']:.2f} ms: {ratio:.3f}x"
+  )
 
 
 if __name__ == "__main__":

@@ -19,16 +19,17 @@ import warnings
 import jax
 import optax
 
+from benchmarks.common import time_interleaved
+from benchmarks.common import tree_bytes
 import stiefax
-from benchmarks.common import time_interleaved, tree_bytes
 
 # name -> (kernel shape, FrameSpec): kernels are (d, heads, r), stacked (L, d, heads, r).
 SHAPES = {
-    "(8,128,16)": ((128, 8, 16), stiefax.FrameSpec()),
-    "(4,128,32)": ((128, 4, 32), stiefax.FrameSpec()),
-    "(12,768,64)": ((768, 12, 64), stiefax.FrameSpec()),
-    "(16,1024,64)": ((1024, 16, 64), stiefax.FrameSpec()),
-    "12x(12,768,64)": ((12, 768, 12, 64), stiefax.FrameSpec(row_axis=1)),
+  "(8,128,16)": ((128, 8, 16), stiefax.FrameSpec()),
+  "(4,128,32)": ((128, 4, 32), stiefax.FrameSpec()),
+  "(12,768,64)": ((768, 12, 64), stiefax.FrameSpec()),
+  "(16,1024,64)": ((1024, 16, 64), stiefax.FrameSpec()),
+  "12x(12,768,64)": ((12, 768, 12, 64), stiefax.FrameSpec(row_axis=1)),
 }
 METHODS = ("auto", "eigh", "svd", "qdwh")
 # On the CPU backend a jitted update with the eigh polar never returned at these shapes
@@ -41,11 +42,12 @@ def family(frames):
   row, cols, _ = frames._axes(4 if frames.row_axis == 1 else 3)
   dims = optax.contrib.MuonDimensionNumbers(reduction_axis=row, output_axis=cols)
   return {
-      "B2 retraction=qr": stiefax.riemannian_adam(retraction="qr", frames=frames),
-      "B2 retraction=cayley": stiefax.riemannian_adam(retraction="cayley", frames=frames),
-      "manifold_muon": stiefax.manifold_muon(0.05, frames=frames),
-      "optax muon": optax.contrib.muon(
-          0.02, muon_weight_dimension_numbers=lambda p: jax.tree.map(lambda _: dims, p)),
+    "B2 retraction=qr": stiefax.riemannian_adam(retraction="qr", frames=frames),
+    "B2 retraction=cayley": stiefax.riemannian_adam(retraction="cayley", frames=frames),
+    "manifold_muon": stiefax.manifold_muon(0.05, frames=frames),
+    "optax muon": optax.contrib.muon(
+      0.02, muon_weight_dimension_numbers=lambda p: jax.tree.map(lambda _: dims, p)
+    ),
   }
 
 
@@ -77,19 +79,28 @@ def bench_shape(shape, frames, methods, reps, with_family=False):
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--reps", type=int, default=20)
-  parser.add_argument("--methods", default=None,
-                      help=f"comma-separated polar methods (default: {','.join(METHODS)})")
-  parser.add_argument("--shapes", default=";".join(SHAPES),
-                      help="semicolon-separated keys of SHAPES, e.g. '(8,128,16);(4,128,32)'")
+  parser.add_argument(
+    "--methods", default=None, help=f"comma-separated polar methods (default: {','.join(METHODS)})"
+  )
+  parser.add_argument(
+    "--shapes",
+    default=";".join(SHAPES),
+    help="semicolon-separated keys of SHAPES, e.g. '(8,128,16);(4,128,32)'",
+  )
   parser.add_argument("--quick", action="store_true", help="small shapes only")
-  parser.add_argument("--family", action="store_true",
-                      help="add QR / Cayley B2, manifold_muon and optax.contrib.muon rows")
+  parser.add_argument(
+    "--family",
+    action="store_true",
+    help="add QR / Cayley B2, manifold_muon and optax.contrib.muon rows",
+  )
   args = parser.parse_args()
   methods = [m for m in (args.methods or ",".join(METHODS)).split(",") if m]
   names = ["(8,128,16)", "(4,128,32)"] if args.quick else args.shapes.split(";")
   on_cpu = jax.default_backend() == "cpu"
-  print(f"jax {jax.__version__} on {jax.devices()[0].platform}; (H, d, r) per kernel, "
-        "two kernels (query, key); median ms of the jitted update")
+  print(
+    f"jax {jax.__version__} on {jax.devices()[0].platform}; (H, d, r) per kernel, "
+    "two kernels (query, key); median ms of the jitted update"
+  )
   print(f"{'shape':<16} {'optimizer':<22} {'ms':>9} {'x adamw':>8} {'state B/frame':>14}")
   auto_ratios = {}
   for name in names:
@@ -98,8 +109,7 @@ def main():
     if on_cpu and args.methods is None and name in CPU_EIGH_HANGS:
       these = [m for m in methods if m != "eigh"]
       print(f"{name:<16} (polar=eigh left out: it deadlocks in a jitted update on CPU)")
-    for label, ms, ratio, per_frame in bench_shape(shape, frames, these, args.reps,
-                                                   args.family):
+    for label, ms, ratio, per_frame in bench_shape(shape, frames, these, args.reps, args.family):
       print(f"{name:<16} {label:<22} {ms:>9.3f} {ratio:>8.2f} {per_frame:>14.0f}", flush=True)
       if label == "B2 polar=auto":
         auto_ratios[name] = ratio

@@ -20,8 +20,8 @@ import time
 import jax
 import optax
 
-import stiefax
 from benchmarks.common import time_fn
+import stiefax
 
 SHAPES = [(8, 128, 16), (4, 128, 32), (12, 768, 64)]
 
@@ -77,17 +77,23 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--reps", type=int, default=50)
   args = parser.parse_args()
-  print(f"{'(H, d, r)':<16} {'geoopt ms':>10} {'stiefax ms':>11} {'speed-up':>9}"
-        f" {'stiefax in-loop ms':>19}")
+  print(
+    f"{'(H, d, r)':<16} {'geoopt ms':>10} {'stiefax ms':>11} {'speed-up':>9}"
+    f" {'stiefax in-loop ms':>19}"
+  )
   ups = []
   for shape in SHAPES:
     g_ms = geoopt_ms(shape, args.reps)
     s_ms, loop_ms = stiefax_ms(shape, args.reps)
     ups.append((shape, g_ms / s_ms))
-    print(f"{str(shape):<16} {g_ms:>10.3f} {s_ms:>11.3f} {g_ms / s_ms:>8.2f}x"
-          f" {loop_ms:>19.3f}", flush=True)
-  print("summary: stiefax step vs geoopt RiemannianAdam: "
-        + ", ".join(f"{s} {u:.2f}x faster" for s, u in ups))
+    print(
+      f"{shape!s:<16} {g_ms:>10.3f} {s_ms:>11.3f} {g_ms / s_ms:>8.2f}x {loop_ms:>19.3f}",
+      flush=True,
+    )
+  print(
+    "summary: stiefax step vs geoopt RiemannianAdam: "
+    + ", ".join(f"{s} {u:.2f}x faster" for s, u in ups)
+  )
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ def frames(path, leaf):
 
 
 def labels(params):
-  """"stiefel" for the attention query/key kernels and the embedding, else "adamw"."""
+  """ "stiefel" for the attention query/key kernels and the embedding, else "adamw"."""
 
   def label(path, _):
     names = path_names(path)
@@ -58,21 +58,23 @@ def labels(params):
 
 def init_params(key):
   ks = jax.random.split(key, 8)
-  orth = lambda spec: stiefax.flax.orthonormal_init(spec)  # noqa: E731
-  dense = lambda k, shape: jax.random.normal(k, shape) / math.sqrt(shape[-2] if len(shape) > 1 else 1)  # noqa: E731
+  orth = lambda spec: stiefax.flax.orthonormal_init(spec)
+  dense = lambda k, shape: (
+    jax.random.normal(k, shape) / math.sqrt(shape[-2] if len(shape) > 1 else 1)
+  )
   return {
-      "embed": orth(stiefax.FrameSpec())(ks[0], (D_IN, D)),
-      "layers": {
-          "query": orth(stiefax.FrameSpec(row_axis=1))(ks[1], (LAYERS, D, H, R)),
-          "key": orth(stiefax.FrameSpec(row_axis=1))(ks[2], (LAYERS, D, H, R)),
-          "value": jax.random.normal(ks[3], (LAYERS, D, H, R)) / math.sqrt(D),
-          "out": jax.random.normal(ks[4], (LAYERS, H, R, D)) / math.sqrt(H * R),
-      },
-      "pool": {
-          "query": orth(stiefax.FrameSpec(col_axes=(-2, -1)))(ks[5], (D, H, POOL_R)),
-          "key": orth(stiefax.FrameSpec(col_axes=(-2, -1)))(ks[6], (D, H, POOL_R)),
-      },
-      "head": {"kernel": dense(ks[7], (D, CLASSES)), "bias": jnp.zeros((CLASSES,))},
+    "embed": orth(stiefax.FrameSpec())(ks[0], (D_IN, D)),
+    "layers": {
+      "query": orth(stiefax.FrameSpec(row_axis=1))(ks[1], (LAYERS, D, H, R)),
+      "key": orth(stiefax.FrameSpec(row_axis=1))(ks[2], (LAYERS, D, H, R)),
+      "value": jax.random.normal(ks[3], (LAYERS, D, H, R)) / math.sqrt(D),
+      "out": jax.random.normal(ks[4], (LAYERS, H, R, D)) / math.sqrt(H * R),
+    },
+    "pool": {
+      "query": orth(stiefax.FrameSpec(col_axes=(-2, -1)))(ks[5], (D, H, POOL_R)),
+      "key": orth(stiefax.FrameSpec(col_axes=(-2, -1)))(ks[6], (D, H, POOL_R)),
+    },
+    "head": {"kernel": dense(ks[7], (D, CLASSES)), "bias": jnp.zeros((CLASSES,))},
   }
 
 
@@ -130,9 +132,10 @@ def main():
   x, y = x[:1536], y[:1536]
   params = init_params(jax.random.key(1))
   tx = stiefax.stiefel_adamw(
-      args.lr, weight_decay=0.01,
-      stiefel=stiefax.riemannian_adam(frames=frames),  # one FrameSpec per leaf
-      labels=labels,
+    args.lr,
+    weight_decay=0.01,
+    stiefel=stiefax.riemannian_adam(frames=frames),  # one FrameSpec per leaf
+    labels=labels,
   )
   opt_state = tx.init(params)
 
@@ -147,7 +150,11 @@ def main():
     return optax.apply_updates(params, updates), opt_state, loss
 
   def iso(p, group):
-    tree = {"embed": p["embed"]} if group == "embed" else {group: {k: p[group][k] for k in ("query", "key")}}
+    tree = (
+      {"embed": p["embed"]}
+      if group == "embed"
+      else {group: {k: p[group][k] for k in ("query", "key")}}
+    )
     return stiefax.diagnostics.isometry_error(tree, labels, frames=frames)
 
   @jax.jit
@@ -163,13 +170,18 @@ def main():
     params, opt_state, loss = train_step(params, opt_state, sub)
     if step % report_every == 0 or step == args.steps:
       acc, iso_layers, iso_pool, iso_embed = (float(v) for v in evaluate(params))
-      print(f"step {step:>5}  loss {float(loss):.4f}  test acc {acc:.3f}  isometry:"
-            f" layers {iso_layers:.1e}, pool {iso_pool:.1e}, embed {iso_embed:.1e}", flush=True)
-  print("largest inner product between different heads:"
-        f" layers/query {cross_head(params['layers']['query'], stiefax.FrameSpec(row_axis=1)):.2f}"
-        " (per-head frames),"
-        f" pool/query {cross_head(params['pool']['query'], stiefax.FrameSpec()):.1e}"
-        " (block-orthogonal)")
+      print(
+        f"step {step:>5}  loss {float(loss):.4f}  test acc {acc:.3f}  isometry:"
+        f" layers {iso_layers:.1e}, pool {iso_pool:.1e}, embed {iso_embed:.1e}",
+        flush=True,
+      )
+  print(
+    "largest inner product between different heads:"
+    f" layers/query {cross_head(params['layers']['query'], stiefax.FrameSpec(row_axis=1)):.2f}"
+    " (per-head frames),"
+    f" pool/query {cross_head(params['pool']['query'], stiefax.FrameSpec()):.1e}"
+    " (block-orthogonal)"
+  )
   print(f"done in {time.perf_counter() - start:.1f} s")
 
 

@@ -32,11 +32,11 @@ import pathlib
 import sysconfig
 import time
 
+from flax import linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import linen as nn
 
 import stiefax
 
@@ -57,7 +57,6 @@ def stdlib_bytes(limit: int) -> np.ndarray:
 
 
 class RMSNorm(nn.Module):
-
   @nn.compact
   def __call__(self, x):
     scale = self.param("scale", nn.initializers.zeros_init(), (x.shape[-1],), DTYPE)
@@ -88,8 +87,9 @@ class Attention(nn.Module):
       init = stiefax.flax.orthonormal_init(stiefax.FrameSpec(row_axis=2))
       q, key, v = Einsum((3, h, d, r), init, name="qkv_einsum")("btd,sndr->sbtnr", x)
     else:  # grouped-query attention: q alone, k and v fused
-      q = Einsum((h, d, r), stiefax.flax.orthonormal_init(stiefax.FrameSpec(row_axis=1)),
-                 name="q_einsum")("btd,ndr->btnr", x)
+      q = Einsum(
+        (h, d, r), stiefax.flax.orthonormal_init(stiefax.FrameSpec(row_axis=1)), name="q_einsum"
+      )("btd,ndr->btnr", x)
       init = stiefax.flax.orthonormal_init(stiefax.FrameSpec(row_axis=2))
       key, v = Einsum((2, k, d, r), init, name="kv_einsum")("btd,cndr->cbtnr", x)
       key, v = jnp.repeat(key, h // k, axis=2), jnp.repeat(v, h // k, axis=2)
@@ -110,7 +110,8 @@ class Block(nn.Module):
   @nn.compact
   def __call__(self, x):
     x = x + Attention(self.heads, self.kv_heads, self.head_dim, name="attn")(
-        RMSNorm(name="pre_attention_norm")(x))
+      RMSNorm(name="pre_attention_norm")(x)
+    )
     y = RMSNorm(name="pre_ffw_norm")(x)
     d = x.shape[-1]
     gate, up = Einsum((2, d, 4 * d), name="gating_einsum")("btd,cdf->cbtf", y)
@@ -129,10 +130,15 @@ class DecoderLM(nn.Module):
 
   @nn.compact
   def __call__(self, tokens):
-    embed = self.param("input_embedding", nn.initializers.normal(self.d_model ** -0.5),
-                       (self.vocab, self.d_model), DTYPE)
-    pos = self.param("position_embedding", nn.initializers.normal(0.02),
-                     (self.seq, self.d_model), DTYPE)
+    embed = self.param(
+      "input_embedding",
+      nn.initializers.normal(self.d_model**-0.5),
+      (self.vocab, self.d_model),
+      DTYPE,
+    )
+    pos = self.param(
+      "position_embedding", nn.initializers.normal(0.02), (self.seq, self.d_model), DTYPE
+    )
     x = embed[tokens] * math.sqrt(self.d_model) + pos[: tokens.shape[1]]
     x = x.astype(DTYPE)
     for i in range(self.depth):
@@ -157,11 +163,19 @@ def main():
   parser.add_argument("--batch", type=int, default=16, help="sequences per step (default 16)")
   parser.add_argument("--seq", type=int, default=128, help="bytes per sequence (default 128)")
   parser.add_argument("--heads", type=int, default=4, help="query heads (default 4)")
-  parser.add_argument("--kv-heads", type=int, default=2,
-                      help="key/value heads (default 2; equal to --heads fuses qkv_einsum)")
+  parser.add_argument(
+    "--kv-heads",
+    type=int,
+    default=2,
+    help="key/value heads (default 2; equal to --heads fuses qkv_einsum)",
+  )
   parser.add_argument("--lr", type=float, default=3e-3, help="AdamW rate (default 3e-3)")
-  parser.add_argument("--text-bytes", type=int, default=2_000_000,
-                      help="bytes of standard-library source to read (default 2e6)")
+  parser.add_argument(
+    "--text-bytes",
+    type=int,
+    default=2_000_000,
+    help="bytes of standard-library source to read (default 2e6)",
+  )
   args = parser.parse_args()
   if args.heads % args.kv_heads:
     parser.error("--heads must be a multiple of --kv-heads")
@@ -169,22 +183,28 @@ def main():
   data = stdlib_bytes(args.text_bytes)
   split = int(0.9 * len(data))
   train, held_out = jnp.asarray(data[:split]), jnp.asarray(data[split:])
-  print(f"text: {len(data):,} bytes of standard-library source ({split:,} train,"
-        f" {len(data) - split:,} held out)")
+  print(
+    f"text: {len(data):,} bytes of standard-library source ({split:,} train,"
+    f" {len(data) - split:,} held out)"
+  )
 
   model = DecoderLM(heads=args.heads, kv_heads=args.kv_heads, seq=args.seq)
   params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, args.seq), jnp.int32))
   params = stiefax.flax.project_params(params)  # a no-op here: initialized orthonormal
-  tx = stiefax.stiefel_adamw(optax.cosine_decay_schedule(args.lr, max(args.steps, 1)),
-                             weight_decay=0.05)
+  tx = stiefax.stiefel_adamw(
+    optax.cosine_decay_schedule(args.lr, max(args.steps, 1)), weight_decay=0.05
+  )
   state = tx.init(params)  # eager: checks that every bfloat16 frame is orthonormal
   labels = stiefax.flax.qk_labels(params)
   n_frames = sum(
-      math.prod(stiefax.flax.qk_frames()(p, w).batch_shape(w.shape))
-      for (p, w), lab in zip(jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(labels))
-      if lab == "stiefel")
-  print(f"{n_frames} query/key frames in St({model.d_model}, {model.head_dim}), all"
-        f" parameters {jax.tree.leaves(params)[0].dtype}")
+    math.prod(stiefax.flax.qk_frames()(p, w).batch_shape(w.shape))
+    for (p, w), lab in zip(jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(labels))
+    if lab == "stiefel"
+  )
+  print(
+    f"{n_frames} query/key frames in St({model.d_model}, {model.head_dim}), all"
+    f" parameters {jax.tree.leaves(params)[0].dtype}"
+  )
 
   def batch(key, text, n):
     starts = jax.random.randint(key, (n,), 0, len(text) - args.seq - 1)
@@ -208,14 +228,16 @@ def main():
     x, y = batch(jax.random.key(123), held_out, 64)
     return loss_fn(params, x, y) / math.log(2)
 
-  isometry_error = jax.jit(
-      lambda p: stiefax.diagnostics.isometry_error(p, stiefax.flax.qk_labels))
+  isometry_error = jax.jit(lambda p: stiefax.diagnostics.isometry_error(p, stiefax.flax.qk_labels))
 
   def isometry(params):
     return float(isometry_error(params))
 
-  print(f"step     0  held-out {float(evaluate(params)):.3f} bits/byte"
-        f"  q/k isometry {isometry(params):.1e}", flush=True)
+  print(
+    f"step     0  held-out {float(evaluate(params)):.3f} bits/byte"
+    f"  q/k isometry {isometry(params):.1e}",
+    flush=True,
+  )
   start = time.perf_counter()
   key = jax.random.key(1)
   report_every = max(1, args.steps // 6)
@@ -223,8 +245,11 @@ def main():
     key, sub = jax.random.split(key)
     params, state, loss = train_step(params, state, sub)
     if step % report_every == 0 or step == args.steps:
-      print(f"step {step:>5}  loss {float(loss):.3f} nats/byte  held-out {float(evaluate(params)):.3f}"
-            f" bits/byte  q/k isometry {isometry(params):.1e}", flush=True)
+      print(
+        f"step {step:>5}  loss {float(loss):.3f} nats/byte  held-out {float(evaluate(params)):.3f}"
+        f" bits/byte  q/k isometry {isometry(params):.1e}",
+        flush=True,
+      )
   v = value_slices(params)
   drift = float(jnp.max(jnp.abs(jnp.swapaxes(v, -1, -2) @ v - jnp.eye(v.shape[-1]))))
   print(f"value slices (AdamW, unconstrained): max|V^T V - I| = {drift:.2e}")

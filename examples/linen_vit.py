@@ -16,10 +16,10 @@ query/key frames (float32 rounding, ~1e-7, throughout).
 import argparse
 import time
 
+from flax import linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from flax import linen as nn
 
 import stiefax
 
@@ -42,7 +42,9 @@ class ViT(nn.Module):
       y = nn.LayerNorm(name=f"ln_attn_{i}")(x)
       x = x + nn.MultiHeadDotProductAttention(num_heads=self.heads, name=f"attn_{i}")(y)
       y = nn.LayerNorm(name=f"ln_mlp_{i}")(x)
-      x = x + nn.Dense(self.d, name=f"mlp_out_{i}")(nn.gelu(nn.Dense(2 * self.d, name=f"mlp_in_{i}")(y)))
+      x = x + nn.Dense(self.d, name=f"mlp_out_{i}")(
+        nn.gelu(nn.Dense(2 * self.d, name=f"mlp_in_{i}")(y))
+      )
     return nn.Dense(self.classes, name="head")(nn.LayerNorm(name="ln_out")(x).mean(axis=1))
 
 
@@ -75,8 +77,8 @@ def main():
   # The three-line drop-in: snap W_Q, W_K onto St(d, r), one optimizer for the model.
   params = stiefax.flax.project_params(params, stiefax.flax.qk_labels)
   tx = stiefax.stiefel_adamw(
-      optax.warmup_cosine_decay_schedule(0.0, args.lr, max(1, args.steps // 10), max(2, args.steps)),
-      weight_decay=0.05,
+    optax.warmup_cosine_decay_schedule(0.0, args.lr, max(1, args.steps // 10), max(2, args.steps)),
+    weight_decay=0.05,
   )
   opt_state = tx.init(params)
 
@@ -102,8 +104,11 @@ def main():
     params, opt_state, loss = train_step(params, opt_state, sub)
     if step % report_every == 0 or step == args.steps:
       iso = stiefax.diagnostics.isometry_error(params, stiefax.flax.qk_labels)
-      print(f"step {step:>5}  loss {float(loss):.4f}  test acc {float(accuracy(params)):.3f}"
-            f"  isometry error {float(iso):.1e}", flush=True)
+      print(
+        f"step {step:>5}  loss {float(loss):.4f}  test acc {float(accuracy(params)):.3f}"
+        f"  isometry error {float(iso):.1e}",
+        flush=True,
+      )
   print(f"done in {time.perf_counter() - start:.1f} s")
 
 

@@ -16,21 +16,24 @@ query/key frames.
 import argparse
 import time
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx
 
 import stiefax
 
 
 class Block(nnx.Module):
-
   def __init__(self, d, heads, rngs):
     self.ln_attn = nnx.LayerNorm(d, rngs=rngs)
     self.attn = nnx.MultiHeadAttention(
-        num_heads=heads, in_features=d, decode=False, rngs=rngs,
-        kernel_init=stiefax.flax.orthonormal_init())  # one orthonormal frame per head
+      num_heads=heads,
+      in_features=d,
+      decode=False,
+      rngs=rngs,
+      kernel_init=stiefax.flax.orthonormal_init(),
+    )  # one orthonormal frame per head
     self.ln_mlp = nnx.LayerNorm(d, rngs=rngs)
     self.mlp_in = nnx.Linear(d, 2 * d, rngs=rngs)
     self.mlp_out = nnx.Linear(2 * d, d, rngs=rngs)
@@ -41,7 +44,6 @@ class Block(nnx.Module):
 
 
 class Transformer(nnx.Module):
-
   def __init__(self, vocab, seq, d=32, heads=4, depth=2, *, rngs):
     self.embed = nnx.Embed(vocab, d, rngs=rngs)
     self.pos = nnx.Param(0.02 * jax.random.normal(rngs.params(), (seq, d)))
@@ -103,8 +105,11 @@ def main():
     key, sub = jax.random.split(key)
     loss = train_step(model, optimizer, sub)
     if step % report_every == 0 or step == args.steps:
-      print(f"step {step:>5}  loss {float(loss):.4f}  accuracy {float(accuracy(model)):.3f}"
-            f"  isometry error {isometry(model):.1e}", flush=True)
+      print(
+        f"step {step:>5}  loss {float(loss):.4f}  accuracy {float(accuracy(model)):.3f}"
+        f"  isometry error {isometry(model):.1e}",
+        flush=True,
+      )
   print(f"done in {time.perf_counter() - start:.1f} s")
 
 

@@ -10,10 +10,10 @@ the isometry error max|W^T W - I| of the query/key frames for both.
 
 import argparse
 
+from flax import linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from flax import linen as nn
 
 import stiefax
 
@@ -48,8 +48,9 @@ def train(tx, params, model, x, y, steps):
     u, s = tx.update(g, s, p)
     return (optax.apply_updates(p, u), s), loss
 
-  (params, _), losses = jax.jit(
-      lambda p: jax.lax.scan(step, (p, tx.init(p)), None, length=steps))(params)
+  (params, _), losses = jax.jit(lambda p: jax.lax.scan(step, (p, tx.init(p)), None, length=steps))(
+    params
+  )
   return params, losses
 
 
@@ -62,11 +63,11 @@ def main():
   x, y = task(jax.random.key(0))
   params = model.init(jax.random.key(1), x)
   arms = {
-      "A2 (AdamW everywhere)": (optax.adamw(1e-3, weight_decay=0.05), params),
-      "B2 (stiefax.stiefel_adamw)": (
-          stiefax.stiefel_adamw(1e-3, weight_decay=0.05),
-          stiefax.flax.project_params(params),  # snap W_Q, W_K onto St(d, r)
-      ),
+    "A2 (AdamW everywhere)": (optax.adamw(1e-3, weight_decay=0.05), params),
+    "B2 (stiefax.stiefel_adamw)": (
+      stiefax.stiefel_adamw(1e-3, weight_decay=0.05),
+      stiefax.flax.project_params(params),  # snap W_Q, W_K onto St(d, r)
+    ),
   }
   print(f"{'arm':<28} {'first loss':>10} {'last loss':>10} {'isometry error':>15}")
   for name, (tx, p0) in arms.items():

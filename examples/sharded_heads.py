@@ -29,8 +29,10 @@ import re
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import stiefax
 
@@ -58,9 +60,13 @@ def batch(key, n=64):
 
 
 def collectives(compiled_text):
-  return sorted(set(re.findall(
-      r"\b(all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter)\b",
-      compiled_text)))
+  return sorted(
+    set(
+      re.findall(
+        r"\b(all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter)\b", compiled_text
+      )
+    )
+  )
 
 
 def main():
@@ -92,8 +98,10 @@ def main():
   query = params["params"]["MultiHeadDotProductAttention_0"]["query"]["kernel"]
   print(f"query kernel {query.shape} sharding: {query.sharding.spec}")
   per_frame = [leaf for leaf in jax.tree.leaves(state) if leaf.shape == (HEADS,)]
-  print(f"per-frame state (second moment, skip counters): {len(per_frame)} leaves"
-        f" of shape ({HEADS},), sharding {per_frame[0].sharding.spec}")
+  print(
+    f"per-frame state (second moment, skip counters): {len(per_frame)} leaves"
+    f" of shape ({HEADS},), sharding {per_frame[0].sharding.spec}"
+  )
 
   grads = jax.tree.map(jnp.ones_like, params)
   update_text = jax.jit(tx.update).lower(grads, state, params).compile().as_text()

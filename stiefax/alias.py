@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple, Optional, Union
+from typing import Any
+from typing import Callable
+from typing import NamedTuple
+from typing import Optional
+from typing import Union
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from stiefax import geometry, transforms
-from stiefax.frames import FrameSpec, FramesLike, checked_frames
+from stiefax import geometry
+from stiefax import transforms
+from stiefax.frames import FramesLike
+from stiefax.frames import FrameSpec
+from stiefax.frames import checked_frames
 
-__all__ = [
-    "MOMENTS", "FramesAndRestState", "riemannian_adam", "riemannian_sgd", "stiefel_adamw"
-]
+__all__ = ["MOMENTS", "FramesAndRestState", "riemannian_adam", "riemannian_sgd", "stiefel_adamw"]
 
 #: Second-moment rules by name (``moment=`` of :func:`riemannian_adam`).
 MOMENTS = ("scalar", "elementwise")
@@ -25,27 +30,27 @@ ScalarOrSchedule = Union[float, jax.Array, optax.Schedule]
 def _projector(projector: str, frames: FramesLike) -> optax.GradientTransformation:
   transforms._check_projector(projector)
   return {
-      "stiefel": transforms.stiefel_project,
-      "grassmann": transforms.grassmann_project,
-      "canonical": transforms.canonical_gradient,
+    "stiefel": transforms.stiefel_project,
+    "grassmann": transforms.grassmann_project,
+    "canonical": transforms.canonical_gradient,
   }[projector](frames)
 
 
 def riemannian_adam(
-    learning_rate: ScalarOrSchedule = 1.0,
-    b1: float = 0.9,
-    b2: float = 0.999,
-    eps: float = 1e-8,
-    max_norm: Optional[float] = 0.1,
-    *,
-    projector: str = "stiefel",
-    moment: str = "scalar",
-    polar: str = "auto",
-    retraction: str = "polar",
-    frames: FramesLike = FrameSpec(),
-    mu_dtype: Any = None,
-    fused: bool = True,
-    init_tol: Optional[float] = None,
+  learning_rate: ScalarOrSchedule = 1.0,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-8,
+  max_norm: Optional[float] = 0.1,
+  *,
+  projector: str = "stiefel",
+  moment: str = "scalar",
+  polar: str = "auto",
+  retraction: str = "polar",
+  frames: FramesLike = FrameSpec(),
+  mu_dtype: Any = None,
+  fused: bool = True,
+  init_tol: Optional[float] = None,
 ) -> optax.GradientTransformation:
   r"""The corrected Riemannian Adam on ``St(d, r)`` (the paper's B2; section 3.2).
 
@@ -123,9 +128,9 @@ def riemannian_adam(
   moment_fn = transforms.scalar_moment if moment == "scalar" else transforms.elementwise_moment
   transport = "grassmann" if projector == "grassmann" else "stiefel"
   parts = [
-      _projector(projector, frames),
-      moment_fn(b1, b2, eps, frames, projector=transport, mu_dtype=mu_dtype),
-      optax.scale_by_learning_rate(learning_rate),
+    _projector(projector, frames),
+    moment_fn(b1, b2, eps, frames, projector=transport, mu_dtype=mu_dtype),
+    optax.scale_by_learning_rate(learning_rate),
   ]
   if max_norm is not None:
     parts.append(transforms.step_norm_cap(max_norm, frames))
@@ -137,16 +142,18 @@ def riemannian_adam(
   if not fused or moment != "scalar":
     return chain
   return _fused_scalar_adam(
-      chain, parts[2], b1, b2, eps, max_norm, projector, polar, bound, frames, retraction
+    chain, parts[2], b1, b2, eps, max_norm, projector, polar, bound, frames, retraction
   )
 
 
-def _retraction(frames, retraction, polar, bound=None,
-                init_tol=None) -> optax.GradientTransformation:
+def _retraction(
+  frames, retraction, polar, bound=None, init_tol=None
+) -> optax.GradientTransformation:
   transforms._check_retraction(retraction)
   name = "polar_retract" if retraction == "polar" else "retract"
-  return transforms.retract(frames, retraction, polar, step_bound=bound, name=name,
-                            init_tol=init_tol)
+  return transforms.retract(
+    frames, retraction, polar, step_bound=bound, name=name, init_tol=init_tol
+  )
 
 
 def _fused_moment(w, g, m_prev, b1, projector, concat):
@@ -180,7 +187,7 @@ def _fused_moment(w, g, m_prev, b1, projector, concat):
 
 
 def _fused_scalar_adam(
-    chain, lr_tx, b1, b2, eps, max_norm, projector, polar, step_bound, frames, retraction
+  chain, lr_tx, b1, b2, eps, max_norm, projector, polar, step_bound, frames, retraction
 ) -> optax.GradientTransformation:
   """:func:`riemannian_adam` with the scalar moment, one pass per frame (same state)."""
 
@@ -190,9 +197,7 @@ def _fused_scalar_adam(
     moment_state, retract_state = states[1], states[-1]
     count = optax.safe_increment(moment_state.count)
     # The learning rate (or schedule) acts through its own transform and state.
-    ones = jax.tree.map(
-        lambda w: jnp.ones([], geometry.compute_dtype(w.dtype)), params
-    )
+    ones = jax.tree.map(lambda w: jnp.ones([], geometry.compute_dtype(w.dtype)), params)
     neg_lr, states[2] = lr_tx.update(ones, states[2])
 
     def leaf(path, g, w, mu, nu, m_skipped, r_skipped, neg_lr):
@@ -201,8 +206,12 @@ def _fused_scalar_adam(
       wf = spec.to_frames(w).astype(cd)
       m_prev = spec.to_frames(mu).astype(cd)
       xi, m = _fused_moment(
-          wf, spec.to_frames(g).astype(cd), m_prev, b1, projector,
-          concat=spec.is_contiguous(w.ndim),
+        wf,
+        spec.to_frames(g).astype(cd),
+        m_prev,
+        b1,
+        projector,
+        concat=spec.is_contiguous(w.ndim),
       )
       sq_norm = geometry.frame_sq_norm(xi)
       finite = jnp.isfinite(sq_norm)
@@ -219,20 +228,31 @@ def _fused_scalar_adam(
         limit = jnp.asarray(max_norm, cd) * math.sqrt(wf.shape[-1])
         coef = coef * transforms._cap_factor(norm, limit)
       delta, eta_finite = transforms._retract_frames(
-          wf, transforms._expand(coef) * m, polar, step_bound, sq_norm=coef * coef * m_sq,
-          retraction=retraction,
+        wf,
+        transforms._expand(coef) * m,
+        polar,
+        step_bound,
+        sq_norm=coef * coef * m_sq,
+        retraction=retraction,
       )
       return (
-          spec.from_frames(delta, g.shape).astype(w.dtype),
-          spec.from_frames(m, w.shape).astype(mu.dtype),
-          jnp.where(finite, v, nu).astype(nu.dtype),
-          m_skipped + (~finite).astype(jnp.int32),
-          r_skipped + (~eta_finite).astype(jnp.int32),
+        spec.from_frames(delta, g.shape).astype(w.dtype),
+        spec.from_frames(m, w.shape).astype(mu.dtype),
+        jnp.where(finite, v, nu).astype(nu.dtype),
+        m_skipped + (~finite).astype(jnp.int32),
+        r_skipped + (~eta_finite).astype(jnp.int32),
       )
 
     out, mu, nu, m_skipped, r_skipped = transforms._per_leaf(
-        leaf, 5, updates, params, moment_state.mu, moment_state.nu,
-        moment_state.skipped, retract_state.skipped, neg_lr,
+      leaf,
+      5,
+      updates,
+      params,
+      moment_state.mu,
+      moment_state.nu,
+      moment_state.skipped,
+      retract_state.skipped,
+      neg_lr,
     )
     states[1] = moment_state._replace(count=count, mu=mu, nu=nu, skipped=m_skipped)
     states[-1] = retract_state._replace(skipped=r_skipped)
@@ -242,13 +262,13 @@ def _fused_scalar_adam(
 
 
 def riemannian_sgd(
-    learning_rate: ScalarOrSchedule = 0.02,
-    *,
-    projector: str = "grassmann",
-    polar: str = "auto",
-    retraction: str = "polar",
-    frames: FramesLike = FrameSpec(),
-    init_tol: Optional[float] = None,
+  learning_rate: ScalarOrSchedule = 0.02,
+  *,
+  projector: str = "grassmann",
+  polar: str = "auto",
+  retraction: str = "polar",
+  frames: FramesLike = FrameSpec(),
+  init_tol: Optional[float] = None,
 ) -> optax.GradientTransformation:
   """Fixed-step Riemannian SGD on ``St(d, r)``: PA16 / B2-SGD (Bonnabel 2013).
 
@@ -277,9 +297,9 @@ def riemannian_sgd(
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
   return optax.chain(
-      _projector(projector, frames),
-      optax.scale_by_learning_rate(learning_rate),
-      _retraction(frames, retraction, polar, init_tol=init_tol),
+    _projector(projector, frames),
+    optax.scale_by_learning_rate(learning_rate),
+    _retraction(frames, retraction, polar, init_tol=init_tol),
   )
 
 
@@ -301,20 +321,20 @@ def _structure_message(labels: Any, params: Any) -> str:
   lk, pk = _top_keys(labels), _top_keys(params)
   if pk is not None and "params" in pk and (lk is None or "params" not in lk):
     hint = (
-        " The params have a top 'params' level that the labels lack: build the labels"
-        " from the tree you pass to tx.init (labels=stiefax.flax.qk_labels as a"
-        " callable does), or wrap them as {'params': labels}."
+      " The params have a top 'params' level that the labels lack: build the labels"
+      " from the tree you pass to tx.init (labels=stiefax.flax.qk_labels as a"
+      " callable does), or wrap them as {'params': labels}."
     )
   elif lk is not None and "params" in lk and (pk is None or "params" not in pk):
     hint = (
-        " The labels have a top 'params' level that the params lack: pass"
-        " labels['params'], or build the labels from the tree you pass to tx.init."
+      " The labels have a top 'params' level that the params lack: pass"
+      " labels['params'], or build the labels from the tree you pass to tx.init."
     )
   else:
     hint = " Build the labels from the same tree you pass to tx.init."
   return (
-      f"stiefel_adamw: the label tree does not have the structure of the params"
-      f" (top-level keys {lk} vs {pk}).{hint}"
+    f"stiefel_adamw: the label tree does not have the structure of the params"
+    f" (top-level keys {lk} vs {pk}).{hint}"
   )
 
 
@@ -326,32 +346,34 @@ def _checked_labels(labels: Any) -> Callable[[Any], Any]:
     found = set(jax.tree.leaves(tree))
     if not found <= valid:
       raise ValueError(
-          f"stiefel_adamw: the label tree holds {sorted(map(repr, found - valid))}, but"
-          f" the only transforms are {sorted(valid)}. Label frame parameters"
-          f" {STIEFEL_LABEL!r} and everything else {EUCLIDEAN_LABEL!r} (see"
-          " stiefax.flax.qk_labels)."
+        f"stiefel_adamw: the label tree holds {sorted(map(repr, found - valid))}, but"
+        f" the only transforms are {sorted(valid)}. Label frame parameters"
+        f" {STIEFEL_LABEL!r} and everything else {EUCLIDEAN_LABEL!r} (see"
+        " stiefax.flax.qk_labels)."
       )
     n_params, n_labels = len(jax.tree.leaves(params)), len(jax.tree.leaves(tree))
     if n_params != n_labels:
       raise ValueError(
-          f"stiefel_adamw: the label tree has {n_labels} leaves but the params have"
-          f" {n_params}; give one label per parameter (the same tree structure)."
+        f"stiefel_adamw: the label tree has {n_labels} leaves but the params have"
+        f" {n_params}; give one label per parameter (the same tree structure)."
       )
     try:
       jax.tree.map(lambda *_: None, tree, params)
     except (ValueError, TypeError) as e:
       raise ValueError(_structure_message(tree, params)) from e
     if STIEFEL_LABEL not in found:
-      from stiefax.flax import _nothing_selected_message, attention_like  # pylint: disable=g-import-not-at-top
+      from stiefax.flax import _nothing_selected_message  # pylint: disable=g-import-not-at-top
+      from stiefax.flax import attention_like  # pylint: disable=g-import-not-at-top
 
       attention = attention_like(params)
       why = (
-          _nothing_selected_message(attention) if attention
-          else "the params hold no attention-like parameter either."
+        _nothing_selected_message(attention)
+        if attention
+        else "the params hold no attention-like parameter either."
       )
       raise ValueError(
-          f"stiefel_adamw: no parameter is labelled {STIEFEL_LABEL!r}, so every"
-          " parameter would train as plain AdamW (use optax.adamw for that); " + why
+        f"stiefel_adamw: no parameter is labelled {STIEFEL_LABEL!r}, so every"
+        " parameter would train as plain AdamW (use optax.adamw for that); " + why
       )
     return tree
 
@@ -374,9 +396,9 @@ class FramesAndRestState(NamedTuple):
 
 
 def _frames_and_rest(
-    stiefel: optax.GradientTransformation,
-    rest_tx: optax.GradientTransformation,
-    rest_spec: Callable[[Any, Any], Optional[FrameSpec]],
+  stiefel: optax.GradientTransformation,
+  rest_tx: optax.GradientTransformation,
+  rest_spec: Callable[[Any, Any], Optional[FrameSpec]],
 ) -> optax.GradientTransformation:
   """``stiefel`` on the frame parameters, ``rest_tx`` on their unselected entries.
 
@@ -387,9 +409,7 @@ def _frames_and_rest(
   """
 
   def specs(params):
-    return [
-        rest_spec(p, w) for p, w in jax.tree_util.tree_flatten_with_path(params)[0]
-    ]
+    return [rest_spec(p, w) for p, w in jax.tree_util.tree_flatten_with_path(params)[0]]
 
   def rest_tree(tree, found):
     it = iter(found)
@@ -414,7 +434,7 @@ def _frames_and_rest(
       return stiefel.update(updates, state, params)
     out, frames_state = stiefel.update(updates, state.frames, params)
     rest_u, rest_state = rest_tx.update(
-        rest_tree(updates, found), state.rest, rest_tree(params, found)
+      rest_tree(updates, found), state.rest, rest_tree(params, found)
     )
     it = iter(zip(found, _rest_leaves(rest_u, found)))
 
@@ -437,15 +457,15 @@ def _rest_leaves(rest_tree: Any, found: list) -> list:
 
 
 def stiefel_adamw(
-    learning_rate: ScalarOrSchedule,
-    weight_decay: float = 1e-4,
-    *,
-    b1: float = 0.9,
-    b2: float = 0.999,
-    eps: float = 1e-8,
-    stiefel: Optional[optax.GradientTransformation] = None,
-    labels: Any = None,
-    frames: Optional[FramesLike] = None,
+  learning_rate: ScalarOrSchedule,
+  weight_decay: float = 1e-4,
+  *,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-8,
+  stiefel: Optional[optax.GradientTransformation] = None,
+  labels: Any = None,
+  frames: Optional[FramesLike] = None,
 ) -> optax.GradientTransformation:
   """One optimizer for a whole model: Stiefel frames plus AdamW for the rest.
 
@@ -521,13 +541,13 @@ def stiefel_adamw(
 
   def euclidean():
     return optax.adamw(
-        learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=_decay_mask
+      learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=_decay_mask
     )
 
   return optax.partition(
-      {
-          STIEFEL_LABEL: _frames_and_rest(stiefel, euclidean(), rest_spec),
-          EUCLIDEAN_LABEL: euclidean(),
-      },
-      _checked_labels(labels),
+    {
+      STIEFEL_LABEL: _frames_and_rest(stiefel, euclidean(), rest_spec),
+      EUCLIDEAN_LABEL: euclidean(),
+    },
+    _checked_labels(labels),
   )

@@ -83,7 +83,10 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any
+from typing import Callable
+from typing import NamedTuple
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -94,49 +97,51 @@ from stiefax import diagnostics
 from stiefax import geometry
 from stiefax import muon
 from stiefax import transforms
-from stiefax.alias import riemannian_adam, riemannian_sgd, stiefel_adamw
+from stiefax.alias import riemannian_adam
+from stiefax.alias import riemannian_sgd
+from stiefax.alias import stiefel_adamw
 from stiefax.frames import FrameSpec
 
 __all__ = [
-    "Certificate",
-    "CERTIFICATES",
-    "CONTROL_MARGIN",
-    "TOLERANCE",
-    "OPTIMUM_TOLERANCE",
-    "run_all",
-    "joint_action_invariance",
-    "joint_gauge_gradient",
-    "gauge_orbit_derivative",
-    "tangent_projection",
-    "riemannian_gradient",
-    "steepest_descent",
-    "grassmann_split",
-    "sgd_degree_one",
-    "sgd_step_norm",
-    "adam_degree_zero",
-    "adam_degree_zero_uncapped",
-    "adam_first_step",
-    "jensen_equal_betas",
-    "jensen_nonincreasing",
-    "sigma_min_tangent",
-    "gram_identity",
-    "angle_bound",
-    "angle_tangents",
-    "retraction_isometry",
-    "scalar_moment_equivariance",
-    "per_column_equivariance",
-    "sgd_equivariance",
-    "equivariance_ingredients",
-    "decay_is_normal",
-    "adam_ignores_decay",
-    "stiefel_adamw_exempts_frames",
-    "decay_absorbed",
-    "polar_retract_absorbs_decay",
-    "mmuon_tangent",
-    "mmuon_spectral_norm",
-    "mmuon_optimum",
-    "qr_retraction",
-    "cayley_retraction",
+  "Certificate",
+  "CERTIFICATES",
+  "CONTROL_MARGIN",
+  "TOLERANCE",
+  "OPTIMUM_TOLERANCE",
+  "run_all",
+  "joint_action_invariance",
+  "joint_gauge_gradient",
+  "gauge_orbit_derivative",
+  "tangent_projection",
+  "riemannian_gradient",
+  "steepest_descent",
+  "grassmann_split",
+  "sgd_degree_one",
+  "sgd_step_norm",
+  "adam_degree_zero",
+  "adam_degree_zero_uncapped",
+  "adam_first_step",
+  "jensen_equal_betas",
+  "jensen_nonincreasing",
+  "sigma_min_tangent",
+  "gram_identity",
+  "angle_bound",
+  "angle_tangents",
+  "retraction_isometry",
+  "scalar_moment_equivariance",
+  "per_column_equivariance",
+  "sgd_equivariance",
+  "equivariance_ingredients",
+  "decay_is_normal",
+  "adam_ignores_decay",
+  "stiefel_adamw_exempts_frames",
+  "decay_absorbed",
+  "polar_retract_absorbs_decay",
+  "mmuon_tangent",
+  "mmuon_spectral_norm",
+  "mmuon_optimum",
+  "qr_retraction",
+  "cayley_retraction",
 ]
 
 #: Tolerance of :func:`mmuon_optimum`: relative objective against an independent solver.
@@ -182,8 +187,13 @@ def _record(name: str, proposition: str, residual, control, tolerance: float = T
   return Certificate(name, proposition, residual, tolerance, control, passed)
 
 
-def _certify(name: str, proposition: str, measure: Callable[[bool], Any], vacuous: bool,
-             tolerance: float = TOLERANCE):
+def _certify(
+  name: str,
+  proposition: str,
+  measure: Callable[[bool], Any],
+  vacuous: bool,
+  tolerance: float = TOLERANCE,
+):
   """Runs ``measure(control)`` for the check and the control, in float64."""
   with jax.enable_x64(True):
     control = float(measure(True))
@@ -247,12 +257,12 @@ def _update(tx: optax.GradientTransformation, g, w) -> np.ndarray:
   return _frames(_fresh_update(tx, jnp.asarray(g, jnp.float64), jnp.asarray(w, jnp.float64)))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _projector(kind: str) -> optax.GradientTransformation:
   return {
-      "stiefel": transforms.stiefel_project,
-      "grassmann": transforms.grassmann_project,
-      "canonical": transforms.canonical_gradient,
+    "stiefel": transforms.stiefel_project,
+    "grassmann": transforms.grassmann_project,
+    "canonical": transforms.canonical_gradient,
   }[kind]()
 
 
@@ -344,7 +354,7 @@ def _retraction_derivatives(x, w_v, target, frames, wk, directions):
 
   def one(xi):
     curve = lambda t: _attention_loss(
-        x, w_v, target, jnp.swapaxes(geometry.polar(frames + t * xi), 0, 1), wk
+      x, w_v, target, jnp.swapaxes(geometry.polar(frames + t * xi), 0, 1), wk
     )
     return jax.jvp(curve, (jnp.zeros([], frames.dtype),), (jnp.ones([], frames.dtype),))[1]
 
@@ -458,8 +468,8 @@ def _column_moment(b1: float, b2: float, eps: float, axis: int) -> optax.Gradien
     m_hat, v_hat = m / (1 - b1**t), v / (1 - b2**t)
     step = geometry.stiefel_project(w, m_hat / (jnp.sqrt(v_hat) + eps))
     return (
-        spec.from_frames(step, updates.shape),
-        _ColumnMomentState(count, spec.from_frames(m, updates.shape), v),
+      spec.from_frames(step, updates.shape),
+      _ColumnMomentState(count, spec.from_frames(m, updates.shape), v),
     )
 
   return optax.GradientTransformation(init_fn, update_fn)
@@ -468,11 +478,11 @@ def _column_moment(b1: float, b2: float, eps: float, axis: int) -> optax.Gradien
 @_tx
 def _column_adam(axis: int, lr: float):
   return optax.chain(
-      transforms.stiefel_project(),
-      _column_moment(0.9, 0.999, 1e-8, axis),
-      optax.scale_by_learning_rate(lr),
-      transforms.step_norm_cap(TAU),
-      transforms.polar_retract(),
+    transforms.stiefel_project(),
+    _column_moment(0.9, 0.999, 1e-8, axis),
+    optax.scale_by_learning_rate(lr),
+    transforms.step_norm_cap(TAU),
+    transforms.polar_retract(),
   )
 
 
@@ -515,7 +525,7 @@ def joint_action_invariance(seed: int = 0, *, vacuous: bool = False) -> Certific
 
 
 def joint_gauge_gradient(
-    seed: int = 0, *, grads: Optional[tuple] = None, vacuous: bool = False
+  seed: int = 0, *, grads: Optional[tuple] = None, vacuous: bool = False
 ) -> Certificate:
   """A true gradient has no component along the joint gauge orbit (Proposition 1).
 
@@ -665,8 +675,9 @@ def riemannian_gradient(seed: int = 0, *, vacuous: bool = False) -> Certificate:
     g = _frames(_attention_grad(p.x, p.w_v, p.target, p.w_q, p.w_k)[0])
     grad = _project(g, w, "canonical" if control else "stiefel")
     xis = np.stack([_project(rng.standard_normal(w.shape), w) for _ in range(3)])
-    derivs = np.asarray(_retraction_derivatives(
-        p.x, p.w_v, p.target, jnp.asarray(w), p.w_k, jnp.asarray(xis)))
+    derivs = np.asarray(
+      _retraction_derivatives(p.x, p.w_v, p.target, jnp.asarray(w), p.w_k, jnp.asarray(xis))
+    )
     scale = np.linalg.norm(_project(g, w)) * np.sqrt(np.sum(xis**2, axis=(1, 2, 3)))
     return np.max(np.abs(derivs - np.sum(grad[None] * xis, axis=(1, 2, 3))) / scale)
 
@@ -830,8 +841,7 @@ def _scale_free_residual(tx, seed: int, salt: int, steps: int = 10) -> float:
   a, w0, _ = _quadratic(seed, salt)
   ref = _trajectory(tx, w0, a, 1.0, 0.0, steps)
   return max(
-      float(jnp.max(jnp.abs(_trajectory(tx, w0, a, c, 0.0, steps) - ref)))
-      for c in (1e-3, 1e3)
+    float(jnp.max(jnp.abs(_trajectory(tx, w0, a, c, 0.0, steps) - ref))) for c in (1e-3, 1e3)
   )
 
 
@@ -1106,7 +1116,7 @@ def gram_identity(seed: int = 0, *, vacuous: bool = False) -> Certificate:
 
 
 def angle_bound(
-    seed: int = 0, *, max_norm: Optional[float] = TAU, vacuous: bool = False
+  seed: int = 0, *, max_norm: Optional[float] = TAU, vacuous: bool = False
 ) -> Certificate:
   """One capped Riemannian Adam step rotates a frame by at most ``arctan(tau sqrt(r))``.
 
@@ -1232,7 +1242,7 @@ def _violation(tx, seed: int) -> float:
 
 
 def scalar_moment_equivariance(
-    seed: int = 0, *, tx: Optional[optax.GradientTransformation] = None, vacuous: bool = False
+  seed: int = 0, *, tx: Optional[optax.GradientTransformation] = None, vacuous: bool = False
 ) -> Certificate:
   """The corrected Riemannian Adam is ``O(d)``-equivariant (Proposition 7, Table 9).
 
@@ -1349,7 +1359,7 @@ def equivariance_ingredients(seed: int = 0, *, vacuous: bool = False) -> Certifi
       v = rng.uniform(0.5, 2.0, (H, D, R))
       return np.max(np.abs(rot(g) / v - rot(g / v)))
     diffs = [
-        _project(rot(g), rot(w)) - rot(_project(g, w)),
+      _project(rot(g), rot(w)) - rot(_project(g, w)),
     ]
     cap = _cap()
     capped = lambda x: _update(cap, _kernel(x), _kernel(w))
@@ -1456,9 +1466,9 @@ def stiefel_adamw_exempts_frames(seed: int = 0, *, vacuous: bool = False) -> Cer
   def measure(control):
     rng = _rng(seed, 19)
     params = {
-        "query": {"kernel": _kernel(_haar(rng, (H, D, R)))},
-        "key": {"kernel": _kernel(_haar(rng, (H, D, R)))},
-        "value": {"kernel": jnp.asarray(rng.standard_normal((D, H, R)))},
+      "query": {"kernel": _kernel(_haar(rng, (H, D, R)))},
+      "key": {"kernel": _kernel(_haar(rng, (H, D, R)))},
+      "value": {"kernel": jnp.asarray(rng.standard_normal((D, H, R)))},
     }
     grads = jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape)), params)
     finals = []
@@ -1466,8 +1476,7 @@ def stiefel_adamw_exempts_frames(seed: int = 0, *, vacuous: bool = False) -> Cer
       finals.append(_two_steps(_stiefel_adamw(decay), params, grads))
     names = ("value",) if control else ("query", "key")
     return max(
-        float(jnp.max(jnp.abs(finals[1][n]["kernel"] - finals[0][n]["kernel"])))
-        for n in names
+      float(jnp.max(jnp.abs(finals[1][n]["kernel"] - finals[0][n]["kernel"]))) for n in names
     )
 
   return _certify("stiefel_adamw_exempts_frames", "10", measure, vacuous)
@@ -1695,13 +1704,21 @@ def scipy_spectral_step(w: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, Any]:
 
   xi = g - w @ _sym(w.T @ g)
   a0 = 0.5 * xi / np.linalg.norm(xi, 2)
-  x0 = np.concatenate([np.linalg.lstsq(basis.reshape(na, -1).T, a0.ravel(), rcond=None)[0],
-                       np.linalg.cholesky(np.eye(r) - a0.T @ a0)[tril]])
+  x0 = np.concatenate(
+    [
+      np.linalg.lstsq(basis.reshape(na, -1).T, a0.ravel(), rcond=None)[0],
+      np.linalg.cholesky(np.eye(r) - a0.T @ a0)[tril],
+    ]
+  )
   zeros = np.zeros(len(x0) - na)
   out = scipy.optimize.minimize(
-      lambda x: -lin @ x[:na], x0, jac=lambda x: -np.concatenate([lin, zeros]),
-      constraints=[{"type": "eq", "fun": eq, "jac": eq_jac}], method="SLSQP",
-      options={"ftol": 1e-15, "maxiter": 1000})
+    lambda x: -lin @ x[:na],
+    x0,
+    jac=lambda x: -np.concatenate([lin, zeros]),
+    constraints=[{"type": "eq", "fun": eq, "jac": eq_jac}],
+    method="SLSQP",
+    options={"ftol": 1e-15, "maxiter": 1000},
+  )
   a, _ = split(out.x)
   return a / max(1.0, float(np.linalg.norm(a, 2))), out
 
@@ -1755,9 +1772,11 @@ def mmuon_optimum(seed: int = 0, *, vacuous: bool = False) -> Certificate:
 @jax.jit
 def _retraction_jets(w, xi):
   """``R(0)`` and ``d/dt R(t xi)`` at 0 for polar, QR and Cayley (forward mode)."""
-  fns = (lambda t: geometry.polar(w + t * xi),
-         lambda t: geometry.qr_retract(w, t * xi),
-         lambda t: geometry.cayley_retract(w, t * xi))
+  fns = (
+    lambda t: geometry.polar(w + t * xi),
+    lambda t: geometry.qr_retract(w, t * xi),
+    lambda t: geometry.cayley_retract(w, t * xi),
+  )
   zero, one = jnp.zeros([], w.dtype), jnp.ones([], w.dtype)
   return [jax.jvp(f, (zero,), (one,)) for f in fns]
 
@@ -1794,8 +1813,9 @@ def _retraction_statistic(seed: int, salt: int, kind: str, control: bool) -> flo
   jets = _retraction_jets(wj, xij)
   polar_at0, polar_deriv = jets[0]
   at0, deriv = jets[1 if kind == "qr" else 2]
-  worst = max(float(jnp.max(jnp.abs(at0 - polar_at0))),
-              float(jnp.max(jnp.abs(deriv - polar_deriv))))
+  worst = max(
+    float(jnp.max(jnp.abs(at0 - polar_at0))), float(jnp.max(jnp.abs(deriv - polar_deriv)))
+  )
   fn = _qr_jit if kind == "qr" else _cayley_jit
   for c in (1e-3, 1e-1, 1.0, 10.0):
     new = np.asarray(fn(wj, c * xij))
@@ -1826,8 +1846,12 @@ def qr_retraction(seed: int = 0, *, vacuous: bool = False) -> Certificate:
   Returns:
     A :class:`Certificate`.
   """
-  return _certify("qr_retraction", "retraction",
-                  lambda control: _retraction_statistic(seed, 33, "qr", control), vacuous)
+  return _certify(
+    "qr_retraction",
+    "retraction",
+    lambda control: _retraction_statistic(seed, 33, "qr", control),
+    vacuous,
+  )
 
 
 def cayley_retraction(seed: int = 0, *, vacuous: bool = False) -> Certificate:
@@ -1850,45 +1874,49 @@ def cayley_retraction(seed: int = 0, *, vacuous: bool = False) -> Certificate:
   Returns:
     A :class:`Certificate`.
   """
-  return _certify("cayley_retraction", "retraction",
-                  lambda control: _retraction_statistic(seed, 34, "cayley", control), vacuous)
+  return _certify(
+    "cayley_retraction",
+    "retraction",
+    lambda control: _retraction_statistic(seed, 34, "cayley", control),
+    vacuous,
+  )
 
 
 #: Every certificate function, in the order of the table.
 CERTIFICATES = (
-    joint_action_invariance,
-    joint_gauge_gradient,
-    gauge_orbit_derivative,
-    tangent_projection,
-    riemannian_gradient,
-    steepest_descent,
-    grassmann_split,
-    sgd_degree_one,
-    sgd_step_norm,
-    adam_degree_zero,
-    adam_degree_zero_uncapped,
-    adam_first_step,
-    jensen_equal_betas,
-    jensen_nonincreasing,
-    sigma_min_tangent,
-    gram_identity,
-    angle_bound,
-    angle_tangents,
-    retraction_isometry,
-    scalar_moment_equivariance,
-    per_column_equivariance,
-    sgd_equivariance,
-    equivariance_ingredients,
-    decay_is_normal,
-    adam_ignores_decay,
-    stiefel_adamw_exempts_frames,
-    decay_absorbed,
-    polar_retract_absorbs_decay,
-    mmuon_tangent,
-    mmuon_spectral_norm,
-    mmuon_optimum,
-    qr_retraction,
-    cayley_retraction,
+  joint_action_invariance,
+  joint_gauge_gradient,
+  gauge_orbit_derivative,
+  tangent_projection,
+  riemannian_gradient,
+  steepest_descent,
+  grassmann_split,
+  sgd_degree_one,
+  sgd_step_norm,
+  adam_degree_zero,
+  adam_degree_zero_uncapped,
+  adam_first_step,
+  jensen_equal_betas,
+  jensen_nonincreasing,
+  sigma_min_tangent,
+  gram_identity,
+  angle_bound,
+  angle_tangents,
+  retraction_isometry,
+  scalar_moment_equivariance,
+  per_column_equivariance,
+  sgd_equivariance,
+  equivariance_ingredients,
+  decay_is_normal,
+  adam_ignores_decay,
+  stiefel_adamw_exempts_frames,
+  decay_absorbed,
+  polar_retract_absorbs_decay,
+  mmuon_tangent,
+  mmuon_spectral_norm,
+  mmuon_optimum,
+  qr_retraction,
+  cayley_retraction,
 )
 
 

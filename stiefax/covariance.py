@@ -31,29 +31,34 @@ are pure ``jnp`` and run inside jitted training loops.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any
+from typing import Callable
+from typing import NamedTuple
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from stiefax.frames import FrameSpec, FramesLike, resolve_frames
+from stiefax.frames import FramesLike
+from stiefax.frames import FrameSpec
+from stiefax.frames import resolve_frames
 from stiefax.sphere import frame_axes
 
 __all__ = [
-    "Action",
-    "left_rotation",
-    "right_rotation",
-    "rescale",
-    "gradient_scale",
-    "covariance_violation",
-    "ELR",
-    "effective_learning_rate",
-    "angular_update",
-    "update_summary",
-    "reference_elr_schedule",
-    "ReferenceELR",
+  "Action",
+  "left_rotation",
+  "right_rotation",
+  "rescale",
+  "gradient_scale",
+  "covariance_violation",
+  "ELR",
+  "effective_learning_rate",
+  "angular_update",
+  "update_summary",
+  "reference_elr_schedule",
+  "ReferenceELR",
 ]
 
 FRAMES_LABEL = "stiefel"
@@ -117,8 +122,8 @@ def _selected(labels: Any, label: str, params: Any) -> list[bool]:
   flat = jax.tree.leaves(tree)
   if len(flat) != len(leaves):
     raise ValueError(
-        f"labels has {len(flat)} leaves but params has {len(leaves)}; give a label"
-        " tree with the structure of params (see stiefax.flax.qk_labels)."
+      f"labels has {len(flat)} leaves but params has {len(leaves)}; give a label"
+      " tree with the structure of params (see stiefax.flax.qk_labels)."
     )
   return [lab == label for lab in flat]
 
@@ -126,13 +131,11 @@ def _selected(labels: Any, label: str, params: Any) -> list[bool]:
 def _map_selected(fn: Callable, params: Any, labels: Any, label: str) -> Any:
   """Applies ``fn(path, leaf)`` to the selected leaves, the identity elsewhere."""
   mask = iter(_selected(labels, label, params))
-  return jax.tree_util.tree_map_with_path(
-      lambda path, x: fn(path, x) if next(mask) else x, params
-  )
+  return jax.tree_util.tree_map_with_path(lambda path, x: fn(path, x) if next(mask) else x, params)
 
 
 def _frame_matmul(
-    mat: jax.Array, params: Any, frames: FramesLike, labels: Any, label: str, side: str
+  mat: jax.Array, params: Any, frames: FramesLike, labels: Any, label: str, side: str
 ) -> Any:
   """``M W`` (side ``"left"``) or ``W M`` (``"right"``) for every selected frame."""
 
@@ -142,20 +145,20 @@ def _frame_matmul(
     n = d if side == "left" else r
     if mat.shape[-2:] != (n, n):
       raise ValueError(
-          f"The {side} rotation has shape {mat.shape}, but the parameter at"
-          f" {jax.tree_util.keystr(path) or '<root>'} (shape {tuple(x.shape)}, viewed"
-          f" with {spec}) has frames of d={d} rows and r={r} columns: give a"
-          f" ({n}, {n}) matrix (or a batch of them), or restrict the action with"
-          " labels=."
+        f"The {side} rotation has shape {mat.shape}, but the parameter at"
+        f" {jax.tree_util.keystr(path) or '<root>'} (shape {tuple(x.shape)}, viewed"
+        f" with {spec}) has frames of d={d} rows and r={r} columns: give a"
+        f" ({n}, {n}) matrix (or a batch of them), or restrict the action with"
+        " labels=."
       )
     try:
       m = jnp.broadcast_to(mat, batch_shape + (n, n)).astype(x.dtype)
     except ValueError as e:
       raise ValueError(
-          f"The {side} rotation of shape {mat.shape} does not broadcast against the"
-          f" frames' batch shape {batch_shape} of the parameter at"
-          f" {jax.tree_util.keystr(path) or '<root>'}: give one ({n}, {n}) matrix or"
-          f" one per frame, {batch_shape + (n, n)}."
+        f"The {side} rotation of shape {mat.shape} does not broadcast against the"
+        f" frames' batch shape {batch_shape} of the parameter at"
+        f" {jax.tree_util.keystr(path) or '<root>'}: give one ({n}, {n}) matrix or"
+        f" one per frame, {batch_shape + (n, n)}."
       ) from e
     w = spec.to_frames(x)
     out = m @ w if side == "left" else w @ m
@@ -165,11 +168,11 @@ def _frame_matmul(
 
 
 def left_rotation(
-    q: jax.Array,
-    frames: FramesLike = FrameSpec(),
-    *,
-    labels: Any = None,
-    label: str = FRAMES_LABEL,
+  q: jax.Array,
+  frames: FramesLike = FrameSpec(),
+  *,
+  labels: Any = None,
+  label: str = FRAMES_LABEL,
 ) -> Action:
   """The left action ``W -> Q W`` of ``Q`` in ``O(d)`` on every frame.
 
@@ -203,18 +206,18 @@ def left_rotation(
   q = jnp.asarray(q)
   qt = jnp.swapaxes(q, -1, -2)
   return Action(
-      "left O(d)",
-      lambda p: _frame_matmul(q, p, frames, labels, label, "left"),
-      lambda p: _frame_matmul(qt, p, frames, labels, label, "left"),
+    "left O(d)",
+    lambda p: _frame_matmul(q, p, frames, labels, label, "left"),
+    lambda p: _frame_matmul(qt, p, frames, labels, label, "left"),
   )
 
 
 def right_rotation(
-    r: jax.Array,
-    frames: FramesLike = FrameSpec(),
-    *,
-    labels: Any = None,
-    label: str = FRAMES_LABEL,
+  r: jax.Array,
+  frames: FramesLike = FrameSpec(),
+  *,
+  labels: Any = None,
+  label: str = FRAMES_LABEL,
 ) -> Action:
   """The right action ``W -> W R`` of ``R`` in ``O(r)`` on every frame (the gauge).
 
@@ -248,9 +251,9 @@ def right_rotation(
   r = jnp.asarray(r)
   rt = jnp.swapaxes(r, -1, -2)
   return Action(
-      "right O(r)",
-      lambda p: _frame_matmul(r, p, frames, labels, label, "right"),
-      lambda p: _frame_matmul(rt, p, frames, labels, label, "right"),
+    "right O(r)",
+    lambda p: _frame_matmul(r, p, frames, labels, label, "right"),
+    lambda p: _frame_matmul(rt, p, frames, labels, label, "right"),
   )
 
 
@@ -283,9 +286,9 @@ def rescale(c: float, *, labels: Any = None, label: str = FRAMES_LABEL) -> Actio
   if isinstance(c, (int, float)) and not c > 0:
     raise ValueError(f"rescale needs a positive factor c, got c={c}.")
   return Action(
-      f"rescale x{c:g}" if isinstance(c, (int, float)) else "rescale",
-      lambda p: _map_selected(lambda _, x: x * jnp.asarray(c, x.dtype), p, labels, label),
-      lambda p: _map_selected(lambda _, x: x / jnp.asarray(c, x.dtype), p, labels, label),
+    f"rescale x{c:g}" if isinstance(c, (int, float)) else "rescale",
+    lambda p: _map_selected(lambda _, x: x * jnp.asarray(c, x.dtype), p, labels, label),
+    lambda p: _map_selected(lambda _, x: x / jnp.asarray(c, x.dtype), p, labels, label),
   )
 
 
@@ -318,8 +321,10 @@ def gradient_scale(c: float) -> Action:
 
   identity = lambda p: p
   return Action(
-      f"loss x{c:g}" if isinstance(c, (int, float)) else "loss scale",
-      identity, identity, loss_map,
+    f"loss x{c:g}" if isinstance(c, (int, float)) else "loss scale",
+    identity,
+    identity,
+    loss_map,
   )
 
 
@@ -331,11 +336,11 @@ def _max_abs_diff(a: Any, b: Any) -> jax.Array:
 
 
 def covariance_violation(
-    tx: optax.GradientTransformation,
-    loss_fn: Callable[[Any], jax.Array],
-    params: Any,
-    action: Action,
-    steps: int = 15,
+  tx: optax.GradientTransformation,
+  loss_fn: Callable[[Any], jax.Array],
+  params: Any,
+  action: Action,
+  steps: int = 15,
 ) -> jax.Array:
   """``max_{1 <= t <= T} max |phi(theta_t) - theta'_t|``: how far ``tx`` is from covariant.
 
@@ -475,7 +480,7 @@ def effective_learning_rate(old: Any, new: Any, frames: Optional[FramesLike] = N
   """
   treedef = jax.tree_util.tree_structure(old)
   outs = jax.tree_util.tree_map_with_path(
-      lambda path, w, w_new: _elr_leaf(w, w_new, _reduce_axes(frames, path, w)), old, new
+    lambda path, w, w_new: _elr_leaf(w, w_new, _reduce_axes(frames, path, w)), old, new
   )
   flat = treedef.flatten_up_to(outs)
   return ELR(*(treedef.unflatten([o[i] for o in flat]) for i in range(3)))
@@ -505,13 +510,13 @@ def angular_update(old: Any, new: Any, frames: Optional[FramesLike] = None) -> A
 
 
 def update_summary(
-    old: Any,
-    new: Any,
-    labels: Any = None,
-    frames: FramesLike = FrameSpec(),
-    *,
-    label: str = FRAMES_LABEL,
-    groups: Any = None,
+  old: Any,
+  new: Any,
+  labels: Any = None,
+  frames: FramesLike = FrameSpec(),
+  *,
+  label: str = FRAMES_LABEL,
+  groups: Any = None,
 ) -> dict[str, jax.Array]:
   """Effective learning rate per parameter group, as a flat dict of scalars.
 
@@ -559,13 +564,13 @@ def update_summary(
     names = jax.tree.leaves(gtree)
     if len(names) != len(flat_old):
       raise ValueError(
-          f"groups has {len(names)} leaves but params has {len(flat_old)}; give one"
-          " group name per parameter (the structure of params)."
+        f"groups has {len(names)} leaves but params has {len(flat_old)}; give one"
+        " group name per parameter (the structure of params)."
       )
   else:
     names = [
-        "frames" if fr else ("matrices" if x.ndim >= 2 else "vectors")
-        for fr, (_, x) in zip(is_frame, flat_old)
+      "frames" if fr else ("matrices" if x.ndim >= 2 else "vectors")
+      for fr, (_, x) in zip(is_frame, flat_old)
     ]
   collected: dict[str, list] = {}
   for (path, w), w_new, fr, name in zip(flat_old, flat_new, is_frame, names):
@@ -598,12 +603,12 @@ class ReferenceELR(NamedTuple):
 
 
 def reference_elr_schedule(
-    learning_rate: float,
-    weight_decay: float,
-    steps: int,
-    init_rms: float,
-    *,
-    update_rms: Any = 0.2,
+  learning_rate: float,
+  weight_decay: float,
+  steps: int,
+  init_rms: float,
+  *,
+  update_rms: Any = 0.2,
 ) -> ReferenceELR:
   """The reference ELR of Adam(W) under a linear decay of the rate to zero.
 
@@ -649,8 +654,11 @@ def reference_elr_schedule(
   Returns:
     A :class:`ReferenceELR` of ``steps`` entries.
   """
-  for name, value in (("learning_rate", learning_rate), ("init_rms", init_rms),
-                      ("update_rms", float(np.min(update_rms)))):
+  for name, value in (
+    ("learning_rate", learning_rate),
+    ("init_rms", init_rms),
+    ("update_rms", float(np.min(update_rms))),
+  ):
     if not value > 0:
       raise ValueError(f"reference_elr_schedule: {name} must be > 0, got {value!r}.")
   if not weight_decay >= 0:

@@ -19,36 +19,41 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, NamedTuple, Optional
+from typing import Any
+from typing import NamedTuple
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from stiefax import covariance, geometry
+from stiefax import covariance
+from stiefax import geometry
 from stiefax.alias import STIEFEL_LABEL
+
 # Re-exported so that every diagnostic is reachable from one module.
-from stiefax.covariance import (
-    angular_update,
-    covariance_violation,
-    effective_learning_rate,
-    update_summary,
-)
-from stiefax.frames import FrameSpec, FramesLike, checked_frames, resolve_frames
+from stiefax.covariance import angular_update
+from stiefax.covariance import covariance_violation
+from stiefax.covariance import effective_learning_rate
+from stiefax.covariance import update_summary
+from stiefax.frames import FramesLike
+from stiefax.frames import FrameSpec
+from stiefax.frames import checked_frames
+from stiefax.frames import resolve_frames
 
 __all__ = [
-    "isometry_error",
-    "tangency_error",
-    "GaugeContent",
-    "gauge_content",
-    "equivariance_violation",
-    "StepStatistics",
-    "step_statistics",
-    # Symmetry and effective-learning-rate tools, defined in stiefax.covariance.
-    "covariance_violation",
-    "effective_learning_rate",
-    "angular_update",
-    "update_summary",
+  "isometry_error",
+  "tangency_error",
+  "GaugeContent",
+  "gauge_content",
+  "equivariance_violation",
+  "StepStatistics",
+  "step_statistics",
+  # Symmetry and effective-learning-rate tools, defined in stiefax.covariance.
+  "covariance_violation",
+  "effective_learning_rate",
+  "angular_update",
+  "update_summary",
 ]
 
 
@@ -63,9 +68,9 @@ def _labelled_leaves(params: Any, labels: Any, label: str, frames: FramesLike):
     frames = qk_frames()
   flat = jax.tree_util.tree_flatten_with_path(params)[0]
   return [
-      (i, p, checked_frames(frames, p, x), x)
-      for i, ((p, x), keep) in enumerate(zip(flat, covariance._selected(labels, label, params)))
-      if keep
+    (i, p, checked_frames(frames, p, x), x)
+    for i, ((p, x), keep) in enumerate(zip(flat, covariance._selected(labels, label, params)))
+    if keep
   ]
 
 
@@ -80,11 +85,11 @@ def _wide(x: jax.Array) -> jax.Array:
 
 
 def isometry_error(
-    params: Any,
-    labels: Any = None,
-    frames: Optional[FramesLike] = None,
-    *,
-    label: str = STIEFEL_LABEL,
+  params: Any,
+  labels: Any = None,
+  frames: Optional[FramesLike] = None,
+  *,
+  label: str = STIEFEL_LABEL,
 ) -> jax.Array:
   """``max |W^T W - I|`` over every frame (the paper's isometry error).
 
@@ -108,15 +113,16 @@ def isometry_error(
     A scalar.
   """
   errs = [
-      jnp.max(geometry.isometry_residual(
-          spec.to_frames(x).astype(jnp.promote_types(x.dtype, jnp.float32))))
-      for spec, x in _frame_leaves(params, labels, label, frames)
+    jnp.max(
+      geometry.isometry_residual(spec.to_frames(x).astype(jnp.promote_types(x.dtype, jnp.float32)))
+    )
+    for spec, x in _frame_leaves(params, labels, label, frames)
   ]
   if not errs:
     raise ValueError(
-        f"isometry_error: no leaf of the params is labelled {label!r}, so there is no"
-        " frame to measure (an error of 0.0 would look like success). Check the"
-        " labels (stiefax.flax.qk_labels(params) shows which leaves are frames)."
+      f"isometry_error: no leaf of the params is labelled {label!r}, so there is no"
+      " frame to measure (an error of 0.0 would look like success). Check the"
+      " labels (stiefax.flax.qk_labels(params) shows which leaves are frames)."
     )
   return jnp.max(jnp.stack([e.astype(jnp.float32) for e in errs]))
 
@@ -170,11 +176,11 @@ def _skew_sq_norm(a: jax.Array) -> jax.Array:
 
 
 def gauge_content(
-    w_q: jax.Array,
-    w_k: jax.Array,
-    g_q: jax.Array,
-    g_k: jax.Array,
-    frames: FramesLike = FrameSpec(),
+  w_q: jax.Array,
+  w_k: jax.Array,
+  g_q: jax.Array,
+  g_k: jax.Array,
+  frames: FramesLike = FrameSpec(),
 ) -> GaugeContent:
   """Gauge content of a query/key gradient: joint ``O(r)`` vs per-frame ``O(r)`` (Table 8).
 
@@ -228,24 +234,24 @@ def gauge_content(
   shapes = [jnp.shape(a) for a in (w_q, w_k, g_q, g_k)]
   if len(set(shapes)) != 1:
     raise ValueError(
-        "gauge_content: w_q, w_k, g_q and g_k must have one shape (the joint O(r)"
-        f" action pairs query head h with key head h); got shapes {shapes[0]},"
-        f" {shapes[1]}, {shapes[2]} and {shapes[3]}."
+      "gauge_content: w_q, w_k, g_q and g_k must have one shape (the joint O(r)"
+      f" action pairs query head h with key head h); got shapes {shapes[0]},"
+      f" {shapes[1]}, {shapes[2]} and {shapes[3]}."
     )
   spec = resolve_frames(frames, (), w_q)
   wq, wk, gq, gk = (_wide(spec.to_frames(jnp.asarray(a))) for a in (w_q, w_k, g_q, g_k))
   aq, ak = geometry.mT(wq) @ gq, geometry.mT(wk) @ gk
   tangent = jnp.sqrt(
-      geometry.frame_sq_norm(geometry.stiefel_project(wq, gq))
-      + geometry.frame_sq_norm(geometry.stiefel_project(wk, gk))
+    geometry.frame_sq_norm(geometry.stiefel_project(wq, gq))
+    + geometry.frame_sq_norm(geometry.stiefel_project(wk, gk))
   )
   joint = jnp.sqrt(0.5 * _skew_sq_norm(aq + ak))
   per_frame = jnp.sqrt(_skew_sq_norm(aq) + _skew_sq_norm(ak))
   safe = tangent > 0
   den = jnp.where(safe, tangent, 1)
   return GaugeContent(
-      joint=jnp.where(safe, joint / den, 0),
-      per_frame=jnp.where(safe, per_frame / den, 0),
+    joint=jnp.where(safe, joint / den, 0),
+    per_frame=jnp.where(safe, per_frame / den, 0),
   )
 
 
@@ -276,15 +282,15 @@ def _rotate(q: jax.Array, w: jax.Array) -> jax.Array:
 
 
 def equivariance_violation(
-    tx: optax.GradientTransformation,
-    *,
-    key: Optional[jax.Array] = None,
-    d: int = 24,
-    r: int = 6,
-    heads: int = 3,
-    steps: int = 15,
-    rotations: int = 5,
-    dtype: Any = None,
+  tx: optax.GradientTransformation,
+  *,
+  key: Optional[jax.Array] = None,
+  d: int = 24,
+  r: int = 6,
+  heads: int = 3,
+  steps: int = 15,
+  rotations: int = 5,
+  dtype: Any = None,
 ) -> jax.Array:
   """The paper's Table 9 experiment: how far ``tx`` is from ``O(d)``-equivariance.
 
@@ -331,8 +337,8 @@ def equivariance_violation(
     raise ValueError(f"equivariance_violation: r={r} > d={d}; frames need r <= d.")
   if min(steps, rotations, heads) < 1:
     raise ValueError(
-        f"equivariance_violation: steps={steps}, rotations={rotations} and"
-        f" heads={heads} must all be >= 1."
+      f"equivariance_violation: steps={steps}, rotations={rotations} and"
+      f" heads={heads} must all be >= 1."
     )
   if key is None:
     key = jax.random.key(0)
@@ -399,21 +405,21 @@ class StepStatistics(NamedTuple):
 
 
 _TANGENT_FNS = {
-    "stiefel": geometry.stiefel_project,
-    "grassmann": geometry.grassmann_project,
-    "canonical": geometry.canonical_gradient,
+  "stiefel": geometry.stiefel_project,
+  "grassmann": geometry.grassmann_project,
+  "canonical": geometry.canonical_gradient,
 }
 
 
 def step_statistics(
-    old_params: Any,
-    new_params: Any,
-    grads: Any,
-    labels: Any = None,
-    frames: Optional[FramesLike] = None,
-    *,
-    label: str = STIEFEL_LABEL,
-    projector: str = "stiefel",
+  old_params: Any,
+  new_params: Any,
+  grads: Any,
+  labels: Any = None,
+  frames: Optional[FramesLike] = None,
+  *,
+  label: str = STIEFEL_LABEL,
+  projector: str = "stiefel",
 ) -> dict[str, StepStatistics]:
   """Tangent-gradient norm, step norm and their ratio for every frame (section 4.7).
 
@@ -459,33 +465,33 @@ def step_statistics(
 
   if projector not in _TANGENT_FNS:
     raise ValueError(
-        f"step_statistics: unknown projector {projector!r}; valid projectors are"
-        f" {tuple(_TANGENT_FNS)}."
+      f"step_statistics: unknown projector {projector!r}; valid projectors are"
+      f" {tuple(_TANGENT_FNS)}."
     )
   tangent = _TANGENT_FNS[projector]
   n_old = len(jax.tree.leaves(old_params))
   new_flat, grad_flat = jax.tree.leaves(new_params), jax.tree.leaves(grads)
   if not n_old == len(new_flat) == len(grad_flat):
     raise ValueError(
-        f"step_statistics: old_params, new_params and grads have {n_old},"
-        f" {len(new_flat)} and {len(grad_flat)} leaves; give three trees of one"
-        " structure."
+      f"step_statistics: old_params, new_params and grads have {n_old},"
+      f" {len(new_flat)} and {len(grad_flat)} leaves; give three trees of one"
+      " structure."
     )
   out = {}
   for i, path, spec, w in _labelled_leaves(old_params, labels, label, frames):
     if not w.shape == new_flat[i].shape == grad_flat[i].shape:
       raise ValueError(
-          f"step_statistics: the leaf at {jax.tree_util.keystr(path)} has shapes"
-          f" {w.shape} (old), {new_flat[i].shape} (new) and {grad_flat[i].shape}"
-          " (grads); they must match."
+        f"step_statistics: the leaf at {jax.tree_util.keystr(path)} has shapes"
+        f" {w.shape} (old), {new_flat[i].shape} (new) and {grad_flat[i].shape}"
+        " (grads); they must match."
       )
     wf, nf, gf = (_wide(spec.to_frames(x)) for x in (w, new_flat[i], grad_flat[i]))
     grad_norm = jnp.sqrt(geometry.frame_sq_norm(tangent(wf, gf)))
     step_norm = jnp.sqrt(geometry.frame_sq_norm(nf - wf))
     ratio = jnp.where(
-        grad_norm > 0,
-        step_norm / jnp.where(grad_norm > 0, grad_norm, 1),
-        jnp.where(step_norm > 0, jnp.inf, 0),
+      grad_norm > 0,
+      step_norm / jnp.where(grad_norm > 0, grad_norm, 1),
+      jnp.where(step_norm > 0, jnp.inf, 0),
     )
     out["/".join(path_names(path))] = StepStatistics(grad_norm, step_norm, ratio)
   return out

@@ -15,25 +15,32 @@ The three-line drop-in (linen params or ``nnx.Optimizer(model, tx, wrt=nnx.Param
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any
+from typing import Callable
+from typing import NamedTuple
+from typing import Optional
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 
 from stiefax import geometry
-from stiefax.alias import EUCLIDEAN_LABEL, STIEFEL_LABEL
-from stiefax.frames import FrameSpec, FramesLike, checked_frames
+from stiefax.alias import EUCLIDEAN_LABEL
+from stiefax.alias import STIEFEL_LABEL
+from stiefax.frames import FramesLike
+from stiefax.frames import FrameSpec
+from stiefax.frames import checked_frames
 
 __all__ = [
-    "LAYOUTS",
-    "Layout",
-    "qk_labels",
-    "qk_frames",
-    "attention_like",
-    "orthonormal_init",
-    "project_params",
-    "orthogonality_penalty",
-    "path_names",
+  "LAYOUTS",
+  "Layout",
+  "qk_labels",
+  "qk_frames",
+  "attention_like",
+  "orthonormal_init",
+  "project_params",
+  "orthogonality_penalty",
+  "path_names",
 ]
 
 # Trailing attribute keys that nnx Variables add to a path (``.../kernel.value``).
@@ -81,7 +88,7 @@ def path_names(path: Sequence[Any]) -> tuple[str, ...]:
 
 # Lower-case name tokens that mark a parameter as part of an attention layer.
 _ATTENTION_TOKENS = frozenset(
-    {"q", "k", "wq", "wk", "qk", "qkv", "kv", "query", "key", "queries", "keys"}
+  {"q", "k", "wq", "wk", "qk", "qkv", "kv", "query", "key", "queries", "keys"}
 )
 _ATTENTION_WORDS = ("attn", "attention")
 
@@ -135,15 +142,16 @@ def _nothing_selected_message(found: Sequence[tuple[str, tuple[int, ...]]]) -> s
     if len(names) >= 2 and names[-1] == "kernel" and names[-2] not in modules:
       modules.append(names[-2])
   hint = (
-      f" If {tuple(modules[:4])} hold queries and keys of shape (d_model, heads,"
-      f" head_dim), select them with labels=lambda p: stiefax.flax.qk_labels(p,"
-      f" modules={tuple(m for m in modules[:4])}); otherwise"
-      if modules else " Select the query/key kernels with"
+    f" If {tuple(modules[:4])} hold queries and keys of shape (d_model, heads,"
+    f" head_dim), select them with labels=lambda p: stiefax.flax.qk_labels(p,"
+    f" modules={tuple(m for m in modules[:4])}); otherwise"
+    if modules
+    else " Select the query/key kernels with"
   )
   return (
-      f"it found attention-like parameters: {shown}{more}.{hint} a labels= tree or"
-      " callable marking them 'stiefel' (with frames= for their layout; see the"
-      " docs page 'Use it with your model')."
+    f"it found attention-like parameters: {shown}{more}.{hint} a labels= tree or"
+    " callable marking them 'stiefel' (with frames= for their layout; see the"
+    " docs page 'Use it with your model')."
   )
 
 
@@ -168,23 +176,70 @@ class Layout(NamedTuple):
 
 
 LAYOUTS = (
-    Layout("query", "kernel", "Flax MultiHeadDotProductAttention, nnx MultiHeadAttention",
-           "(d_model, heads, head_dim)", 3, "every head"),
-    Layout("key", "kernel", "Flax MultiHeadDotProductAttention, nnx MultiHeadAttention",
-           "(d_model, heads, head_dim)", 3, "every head"),
-    Layout("q_einsum", "w", "Gemma (heads-first einsum weights)",
-           "(heads, d_model, head_dim)", 3, "every head"),
-    Layout("kv_einsum", "w", "Gemma with grouped-query attention",
-           "(2, kv_heads, d_model, head_dim)", 4, "the k slice [0]; v [1] is not"),
-    Layout("qkv_einsum", "w", "Gemma with as many kv heads as heads",
-           "(3, heads, d_model, head_dim)", 4, "the q and k slices [0, 1]; v [2] is not"),
-    Layout("q_proj", "kernel", "Llama-style separate Dense projections",
-           "(d_model, heads * head_dim)", 2, "every head (needs the head count)"),
-    Layout("k_proj", "kernel", "Llama-style separate Dense projections",
-           "(d_model, kv_heads * head_dim)", 2, "every head (needs the head count)"),
-    Layout("c_attn", "kernel", "GPT-2-style fused Dense projection",
-           "(d_model, 3 * heads * head_dim)", 2,
-           "the q and k thirds (needs the head count); v is not"),
+  Layout(
+    "query",
+    "kernel",
+    "Flax MultiHeadDotProductAttention, nnx MultiHeadAttention",
+    "(d_model, heads, head_dim)",
+    3,
+    "every head",
+  ),
+  Layout(
+    "key",
+    "kernel",
+    "Flax MultiHeadDotProductAttention, nnx MultiHeadAttention",
+    "(d_model, heads, head_dim)",
+    3,
+    "every head",
+  ),
+  Layout(
+    "q_einsum",
+    "w",
+    "Gemma (heads-first einsum weights)",
+    "(heads, d_model, head_dim)",
+    3,
+    "every head",
+  ),
+  Layout(
+    "kv_einsum",
+    "w",
+    "Gemma with grouped-query attention",
+    "(2, kv_heads, d_model, head_dim)",
+    4,
+    "the k slice [0]; v [1] is not",
+  ),
+  Layout(
+    "qkv_einsum",
+    "w",
+    "Gemma with as many kv heads as heads",
+    "(3, heads, d_model, head_dim)",
+    4,
+    "the q and k slices [0, 1]; v [2] is not",
+  ),
+  Layout(
+    "q_proj",
+    "kernel",
+    "Llama-style separate Dense projections",
+    "(d_model, heads * head_dim)",
+    2,
+    "every head (needs the head count)",
+  ),
+  Layout(
+    "k_proj",
+    "kernel",
+    "Llama-style separate Dense projections",
+    "(d_model, kv_heads * head_dim)",
+    2,
+    "every head (needs the head count)",
+  ),
+  Layout(
+    "c_attn",
+    "kernel",
+    "GPT-2-style fused Dense projection",
+    "(d_model, 3 * heads * head_dim)",
+    2,
+    "the q and k thirds (needs the head count); v is not",
+  ),
 )
 """The query/key layouts recognized by name (``<module>/<param>`` ending a path)."""
 
@@ -197,10 +252,10 @@ def _layout_of(names: Sequence[str]):
 
 
 def qk_frames(
-    *,
-    num_heads: Optional[int] = None,
-    num_kv_heads: Optional[int] = None,
-    head_dim: Optional[int] = None,
+  *,
+  num_heads: Optional[int] = None,
+  num_kv_heads: Optional[int] = None,
+  head_dim: Optional[int] = None,
 ) -> Callable[[Any, Any], FrameSpec]:
   """The :class:`stiefax.FrameSpec` of each query/key weight, read from its name.
 
@@ -240,8 +295,11 @@ def qk_frames(
   Returns:
     A callable ``(path, leaf) -> FrameSpec`` to pass as ``frames=``.
   """
-  for name, value in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
-                      ("head_dim", head_dim)):
+  for name, value in (
+    ("num_heads", num_heads),
+    ("num_kv_heads", num_kv_heads),
+    ("head_dim", head_dim),
+  ):
     if value is not None and (not isinstance(value, int) or value < 1):
       raise ValueError(f"qk_frames: {name} must be a positive int, got {value!r}.")
 
@@ -250,11 +308,11 @@ def qk_frames(
       return (-1, head_dim)
     if count is None:
       raise ValueError(
-          f"The parameter at {_where(path)} (shape {tuple(jnp.shape(leaf))}) has the"
-          f" layout {layout.shape} of {layout.family}: its head count cannot be"
-          " read from its shape. Pass"
-          f" frames=stiefax.flax.qk_frames(head_dim=...) (or {count_name}=...) to"
-          " stiefel_adamw, project_params and isometry_error."
+        f"The parameter at {_where(path)} (shape {tuple(jnp.shape(leaf))}) has the"
+        f" layout {layout.shape} of {layout.family}: its head count cannot be"
+        " read from its shape. Pass"
+        f" frames=stiefax.flax.qk_frames(head_dim=...) (or {count_name}=...) to"
+        " stiefel_adamw, project_params and isometry_error."
       )
     return (count, -1)
 
@@ -266,9 +324,9 @@ def qk_frames(
     key = (layout.module, layout.param)
     if jnp.ndim(leaf) != layout.rank:
       raise ValueError(
-          f"The parameter at {_where(path)} is named like a weight of {layout.family},"
-          f" {layout.shape}, but has shape {tuple(jnp.shape(leaf))}. Give its layout"
-          " with frames=stiefax.FrameSpec(...) (or a callable choosing one per path)."
+        f"The parameter at {_where(path)} is named like a weight of {layout.family},"
+        f" {layout.shape}, but has shape {tuple(jnp.shape(leaf))}. Give its layout"
+        " with frames=stiefax.FrameSpec(...) (or a callable choosing one per path)."
       )
     if key in {("query", "kernel"), ("key", "kernel")}:
       return FrameSpec()
@@ -283,8 +341,8 @@ def qk_frames(
     if key == ("k_proj", "kernel"):
       return FrameSpec(split=(1, heads_split(layout, path, leaf, num_kv_heads, "num_kv_heads")))
     return FrameSpec(  # c_attn
-        split=(1, (3,) + heads_split(layout, path, leaf, num_heads, "num_heads")),
-        select=(1, (0, 1)),
+      split=(1, (3,) + heads_split(layout, path, leaf, num_heads, "num_heads")),
+      select=(1, (0, 1)),
     )
 
   return frames
@@ -295,11 +353,11 @@ def _where(path: Any) -> str:
 
 
 def qk_labels(
-    params: Any,
-    *,
-    modules: Optional[Sequence[str]] = None,
-    stiefel_label: str = STIEFEL_LABEL,
-    other_label: str = EUCLIDEAN_LABEL,
+  params: Any,
+  *,
+  modules: Optional[Sequence[str]] = None,
+  stiefel_label: str = STIEFEL_LABEL,
+  other_label: str = EUCLIDEAN_LABEL,
 ) -> Any:
   """Labels the query/key weights ``stiefel`` and every other leaf ``adamw``.
 
@@ -358,12 +416,13 @@ def qk_labels(
     found = attention_like(params)
     if found:
       rule = (
-          "one of " + ", ".join(f"{l.module}/{l.param}" for l in LAYOUTS)
-          if modules is None else f"<module>/kernel for a module in {modules}"
+        "one of " + ", ".join(f"{l.module}/{l.param}" for l in LAYOUTS)
+        if modules is None
+        else f"<module>/kernel for a module in {modules}"
       )
       raise ValueError(
-          f"qk_labels(modules={modules}) selects no frame (no path ends in {rule}),"
-          " but " + _nothing_selected_message(found)
+        f"qk_labels(modules={modules}) selects no frame (no path ends in {rule}),"
+        " but " + _nothing_selected_message(found)
       )
   return labels
 
@@ -374,9 +433,7 @@ def _labels_tree(params: Any, labels: Any) -> Any:
   return labels(params) if callable(labels) else labels
 
 
-def _map_labelled(
-    fn: Callable, params: Any, labels: Any, label: str, frames: Optional[FramesLike]
-):
+def _map_labelled(fn: Callable, params: Any, labels: Any, label: str, frames: Optional[FramesLike]):
   tree = _labels_tree(params, labels)
   frames = qk_frames() if frames is None else frames
 
@@ -430,12 +487,12 @@ def orthonormal_init(frames: FrameSpec = FrameSpec()) -> Callable[..., jax.Array
 
 
 def project_params(
-    params: Any,
-    labels: Any = None,
-    frames: Optional[FramesLike] = None,
-    *,
-    label: str = STIEFEL_LABEL,
-    method: str = "svd",
+  params: Any,
+  labels: Any = None,
+  frames: Optional[FramesLike] = None,
+  *,
+  label: str = STIEFEL_LABEL,
+  method: str = "svd",
 ) -> Any:
   """Snaps the labelled frames onto the manifold: ``W -> polar(W)``.
 
@@ -469,16 +526,16 @@ def project_params(
 
   snapped = _map_labelled(snap, params, labels, label, frames)
   return jax.tree.map(
-      lambda s, w: w if s is None else s, snapped, params, is_leaf=lambda x: x is None
+    lambda s, w: w if s is None else s, snapped, params, is_leaf=lambda x: x is None
   )
 
 
 def orthogonality_penalty(
-    params: Any,
-    labels: Any = None,
-    frames: Optional[FramesLike] = None,
-    *,
-    label: str = STIEFEL_LABEL,
+  params: Any,
+  labels: Any = None,
+  frames: Optional[FramesLike] = None,
+  *,
+  label: str = STIEFEL_LABEL,
 ) -> jax.Array:
   """The soft-orthogonality penalty ``sum ||W^T W - I||_F^2`` (Bansal et al., 2018).
 

@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any
+from typing import Callable
+from typing import Optional
+from typing import Sequence
+from typing import Union
 
 import jax
 import jax.numpy as jnp
@@ -85,21 +89,22 @@ class FrameSpec:
       axis, sizes = _pair("split", self.split)
       if sum(s == -1 for s in sizes) > 1 or any(s < 1 and s != -1 for s in sizes):
         raise ValueError(
-            f"FrameSpec.split sizes must be positive with at most one -1, got {sizes}."
+          f"FrameSpec.split sizes must be positive with at most one -1, got {sizes}."
         )
       object.__setattr__(self, "split", (axis, sizes))
     if self.select is not None:
       axis, indices = _pair("select", self.select)
       if len(set(indices)) != len(indices) or min(indices) < 0:
         raise ValueError(
-            f"FrameSpec.select indices must be distinct and non-negative, got {indices}."
+          f"FrameSpec.select indices must be distinct and non-negative, got {indices}."
         )
       object.__setattr__(self, "select", (axis, indices))
 
   def __repr__(self) -> str:
     extra = "".join(
-        f", {name}={getattr(self, name)!r}"
-        for name in ("split", "select") if getattr(self, name) is not None
+      f", {name}={getattr(self, name)!r}"
+      for name in ("split", "select")
+      if getattr(self, name) is not None
     )
     return f"FrameSpec(row_axis={self.row_axis}, col_axes={self.col_axes}{extra})"
 
@@ -111,8 +116,7 @@ class FrameSpec:
     axis, sizes = self.split
     if not -len(shape) <= axis < len(shape):
       raise ValueError(
-          f"{self} splits axis {axis}, which does not exist for a parameter of shape"
-          f" {shape}."
+        f"{self} splits axis {axis}, which does not exist for a parameter of shape {shape}."
       )
     axis %= len(shape)
     known = math.prod(s for s in sizes if s != -1)
@@ -120,16 +124,16 @@ class FrameSpec:
     if -1 in sizes:
       if known == 0 or n % known:
         raise ValueError(
-            f"{self} cannot split axis {axis} of size {n} (shape {shape}) into"
-            f" {sizes}: {n} is not a multiple of {known}."
+          f"{self} cannot split axis {axis} of size {n} (shape {shape}) into"
+          f" {sizes}: {n} is not a multiple of {known}."
         )
       sizes = tuple(n // known if s == -1 else s for s in sizes)
     elif known != n:
       raise ValueError(
-          f"{self} cannot split axis {axis} of size {n} (shape {shape}) into {sizes}"
-          f" (product {known})."
+        f"{self} cannot split axis {axis} of size {n} (shape {shape}) into {sizes}"
+        f" (product {known})."
       )
-    return shape[:axis] + sizes + shape[axis + 1:]
+    return shape[:axis] + sizes + shape[axis + 1 :]
 
   def _selection(self, split_shape: Sequence[int]):
     """``(axis, indices, rest_indices)`` of ``select`` for the split shape, or None."""
@@ -139,15 +143,15 @@ class FrameSpec:
     ndim = len(split_shape)
     if not -ndim <= axis < ndim:
       raise ValueError(
-          f"{self} selects along axis {axis}, which does not exist for an array of"
-          f" shape {tuple(split_shape)}."
+        f"{self} selects along axis {axis}, which does not exist for an array of"
+        f" shape {tuple(split_shape)}."
       )
     axis %= ndim
     n = split_shape[axis]
     if max(indices) >= n:
       raise ValueError(
-          f"{self} selects entries {indices} of axis {axis}, which has size {n}"
-          f" (shape {tuple(split_shape)})."
+        f"{self} selects entries {indices} of axis {axis}, which has size {n}"
+        f" (shape {tuple(split_shape)})."
       )
     rest = tuple(i for i in range(n) if i not in indices)
     return axis, indices, rest
@@ -159,7 +163,7 @@ class FrameSpec:
     if sel is None:
       return split_shape
     axis, indices, _ = sel
-    return split_shape[:axis] + (len(indices),) + split_shape[axis + 1:]
+    return split_shape[:axis] + (len(indices),) + split_shape[axis + 1 :]
 
   def _axes(self, ndim: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
     """Normalized (row, cols, batch) axes for an array of rank ``ndim`` (after the split)."""
@@ -167,16 +171,16 @@ class FrameSpec:
     for a in named:
       if not -ndim <= a < ndim:
         raise ValueError(
-            f"{self} names axis {a}, which does not exist for an array of rank"
-            f" {ndim}. Give a FrameSpec whose row_axis and col_axes lie in"
-            f" [-{ndim}, {ndim - 1}] (pass frames=... to the transform)."
+          f"{self} names axis {a}, which does not exist for an array of rank"
+          f" {ndim}. Give a FrameSpec whose row_axis and col_axes lie in"
+          f" [-{ndim}, {ndim - 1}] (pass frames=... to the transform)."
         )
     row = self.row_axis % ndim
     cols = tuple(a % ndim for a in self.col_axes)
     if len(set((row,) + cols)) != 1 + len(cols):
       raise ValueError(
-          f"{self} uses an axis twice for an array of rank {ndim}: the row axis"
-          " and the column axes must be distinct."
+        f"{self} uses an axis twice for an array of rank {ndim}: the row axis"
+        " and the column axes must be distinct."
       )
     batch = tuple(a for a in range(ndim) if a != row and a not in cols)
     return row, cols, batch
@@ -205,17 +209,17 @@ class FrameSpec:
     row, cols, batch = self._axes(len(view))
     if self.select is not None and self.select[0] % len(view) not in batch:
       raise ValueError(
-          f"{self} selects along axis {self.select[0]}, a row or column axis of its"
-          " frames; select only along a batch axis (heads, layers, q/k/v)."
+        f"{self} selects along axis {self.select[0]}, a row or column axis of its"
+        " frames; select only along a batch axis (heads, layers, q/k/v)."
       )
     d = view[row]
     r = math.prod(view[a] for a in cols)
     if r > d:
       raise ValueError(
-          f"A parameter of shape {shape} viewed with {self} has frames of"
-          f" d={d} rows and r={r} columns, but a Stiefel frame needs r <= d."
-          " Check row_axis/col_axes (block-orthogonal frames need"
-          " heads * head_dim <= d_model), or keep this parameter off the manifold."
+        f"A parameter of shape {shape} viewed with {self} has frames of"
+        f" d={d} rows and r={r} columns, but a Stiefel frame needs r <= d."
+        " Check row_axis/col_axes (block-orthogonal frames need"
+        " heads * head_dim <= d_model), or keep this parameter off the manifold."
       )
     return tuple(view[a] for a in batch), d, r
 
@@ -273,7 +277,7 @@ class FrameSpec:
     return v.reshape(batch_shape + (d, r))
 
   def from_frames(
-      self, frames: jax.Array, shape: Sequence[int], rest: Optional[jax.Array] = None
+    self, frames: jax.Array, shape: Sequence[int], rest: Optional[jax.Array] = None
   ) -> jax.Array:
     """Inverse of :meth:`to_frames`: back to the parameter layout ``shape``.
 
@@ -335,7 +339,7 @@ class FrameSpec:
     if not rest_indices:
       parts = [selected]
     else:
-      rest_shape = split_shape[:axis] + (len(rest_indices),) + split_shape[axis + 1:]
+      rest_shape = split_shape[:axis] + (len(rest_indices),) + split_shape[axis + 1 :]
       if rest is None:
         rest = jnp.zeros(rest_shape, selected.dtype)
       elif tuple(rest.shape) != rest_shape:
@@ -370,9 +374,7 @@ def _pair(name: str, value: Any) -> tuple[int, tuple[int, ...]]:
     items = (items,) if isinstance(items, int) else tuple(int(i) for i in items)
     axis = int(axis)
   except (TypeError, ValueError):
-    raise ValueError(
-        f"FrameSpec.{name} must be (axis, (int, ...)), got {value!r}."
-    ) from None
+    raise ValueError(f"FrameSpec.{name} must be (axis, (int, ...)), got {value!r}.") from None
   if not items:
     raise ValueError(f"FrameSpec.{name} needs at least one entry, got {value!r}.")
   return axis, items
@@ -415,13 +417,12 @@ def resolve_frames(frames: FramesLike, path: Any, leaf: Any) -> FrameSpec:
     spec = frames(path, leaf)
     if not isinstance(spec, FrameSpec):
       raise ValueError(
-          f"frames callable returned {spec!r} for the leaf at"
-          f" {jax.tree_util.keystr(path)}; it must return a stiefax.FrameSpec."
+        f"frames callable returned {spec!r} for the leaf at"
+        f" {jax.tree_util.keystr(path)}; it must return a stiefax.FrameSpec."
       )
     return spec
   raise ValueError(
-      f"frames must be a stiefax.FrameSpec or a callable (path, leaf) -> FrameSpec,"
-      f" got {frames!r}."
+    f"frames must be a stiefax.FrameSpec or a callable (path, leaf) -> FrameSpec, got {frames!r}."
   )
 
 
@@ -460,21 +461,21 @@ def checked_frames(frames: FramesLike, path: Any, leaf: Any) -> FrameSpec:
   shape = tuple(getattr(leaf, "shape", jnp.shape(leaf)))
   if not jnp.issubdtype(dtype, jnp.floating):
     kind = (
-        "complex frames are not supported (the Stiefel geometry here is real:"
-        " W^T W uses the transpose, so a complex W would leave the unitary manifold)"
-        if jnp.issubdtype(dtype, jnp.complexfloating)
-        else "only floating-point frames can be orthonormal and move continuously"
+      "complex frames are not supported (the Stiefel geometry here is real:"
+      " W^T W uses the transpose, so a complex W would leave the unitary manifold)"
+      if jnp.issubdtype(dtype, jnp.complexfloating)
+      else "only floating-point frames can be orthonormal and move continuously"
     )
     raise ValueError(
-        f"The frame parameter at {_where(path)} (shape {shape}) has dtype {dtype}:"
-        f" {kind}. Give it a real floating dtype (float32, bfloat16, float16,"
-        " float64), or label it off the manifold ('adamw')."
+      f"The frame parameter at {_where(path)} (shape {shape}) has dtype {dtype}:"
+      f" {kind}. Give it a real floating dtype (float32, bfloat16, float16,"
+      " float64), or label it off the manifold ('adamw')."
     )
   if 0 in shape:
     raise ValueError(
-        f"The frame parameter at {_where(path)} has shape {shape}, with a zero-size"
-        " axis: it holds no frame (a frame needs 1 <= r <= d). Keep empty parameters"
-        " off the manifold (label them 'adamw')."
+      f"The frame parameter at {_where(path)} has shape {shape}, with a zero-size"
+      " axis: it holds no frame (a frame needs 1 <= r <= d). Keep empty parameters"
+      " off the manifold (label them 'adamw')."
     )
   try:
     spec.frame_shape(shape)

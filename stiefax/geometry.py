@@ -16,20 +16,20 @@ import jax
 import jax.numpy as jnp
 
 __all__ = [
-    "POLAR_METHODS",
-    "sym",
-    "mT",
-    "stiefel_project",
-    "grassmann_project",
-    "canonical_gradient",
-    "frame_sq_norm",
-    "isometry_residual",
-    "polar",
-    "newton_schulz_iterations",
-    "inverse_sqrt",
-    "qr_retract",
-    "cayley_retract",
-    "compute_dtype",
+  "POLAR_METHODS",
+  "sym",
+  "mT",
+  "stiefel_project",
+  "grassmann_project",
+  "canonical_gradient",
+  "frame_sq_norm",
+  "isometry_residual",
+  "polar",
+  "newton_schulz_iterations",
+  "inverse_sqrt",
+  "qr_retract",
+  "cayley_retract",
+  "compute_dtype",
 ]
 
 #: The polar methods accepted by :func:`polar` and :func:`stiefax.polar_retract`.
@@ -277,7 +277,7 @@ def newton_schulz_iterations(step_bound: float, r: int, dtype=jnp.float32) -> in
 
 
 def _polar_newton_schulz(
-    a: jax.Array, iterations: int | None = None, *, prescaled: bool = False
+  a: jax.Array, iterations: int | None = None, *, prescaled: bool = False
 ) -> jax.Array:
   """Cubic Newton-Schulz for ``A (A^T A)^{-1/2}``, iterated in the ``r x r`` Gram space.
 
@@ -395,9 +395,7 @@ def polar(a: jax.Array, method: str = "auto", *, step_bound: float | None = None
     The polar factors, same shape and dtype as ``a``.
   """
   if method not in POLAR_METHODS:
-    raise ValueError(
-        f"Unknown polar method {method!r}; valid methods are {POLAR_METHODS}."
-    )
+    raise ValueError(f"Unknown polar method {method!r}; valid methods are {POLAR_METHODS}.")
   dtype = a.dtype
   a = a.astype(compute_dtype(dtype))
   if method in ("auto", "newton_schulz"):
@@ -485,7 +483,7 @@ def _triangular_inverse_upper(u: jax.Array) -> jax.Array:
   def body(k, inv):
     i = r - 1 - k  # rows from the bottom: X[i] = (e_i - U[i, i+1:] X[i+1:]) / U[i, i]
     u_row = jnp.where(idx > i, jnp.take(u, i, axis=-2), 0)
-    row = (jnp.take(eye, i, axis=-2) - jnp.einsum("...k,...kj->...j", u_row, inv))
+    row = jnp.take(eye, i, axis=-2) - jnp.einsum("...k,...kj->...j", u_row, inv)
     row = row / jnp.take(jnp.take(u, i, axis=-2), i, axis=-1)[..., None]
     return jnp.where((idx == i)[:, None], row[..., None, :], inv)
 

@@ -55,22 +55,28 @@ relative duality gap ``(||Y||_* - tr(G^T A)) / ||Y||_*`` bounds that distance.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any
+from typing import NamedTuple
+from typing import Optional
+from typing import Union
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from stiefax import geometry, transforms
-from stiefax.frames import FrameSpec, FramesLike, resolve_frames
+from stiefax import geometry
+from stiefax import transforms
+from stiefax.frames import FramesLike
+from stiefax.frames import FrameSpec
+from stiefax.frames import resolve_frames
 
 __all__ = [
-    "DUAL_ITERATIONS",
-    "NS_ITERATIONS",
-    "SpectralStep",
-    "ManifoldMuonState",
-    "spectral_tangent_direction",
-    "manifold_muon",
+  "DUAL_ITERATIONS",
+  "NS_ITERATIONS",
+  "SpectralStep",
+  "ManifoldMuonState",
+  "spectral_tangent_direction",
+  "manifold_muon",
 ]
 
 #: Default dual iterations per update (warm-started from the previous multiplier).
@@ -99,13 +105,13 @@ class SpectralStep(NamedTuple):
 
 
 def spectral_tangent_direction(
-    w: jax.Array,
-    g: jax.Array,
-    multiplier: Optional[jax.Array] = None,
-    *,
-    iterations: int = DUAL_ITERATIONS,
-    ns_iterations: int = NS_ITERATIONS,
-    step_size: float = 0.5,
+  w: jax.Array,
+  g: jax.Array,
+  multiplier: Optional[jax.Array] = None,
+  *,
+  iterations: int = DUAL_ITERATIONS,
+  ns_iterations: int = NS_ITERATIONS,
+  step_size: float = 0.5,
 ) -> SpectralStep:
   """Solves (P) of the module docstring for each frame by preconditioned dual ascent.
 
@@ -151,8 +157,9 @@ def spectral_tangent_direction(
     residual = jnp.sqrt(jnp.sum(jnp.square(tangency), axis=(-2, -1)))
     scale = 1 / (1 + residual)
     # tr(G^T A) = tr((M^T B + C) Z) and tr(G^T W sym(B Z)) = <M, sym(B Z)>, all r x r.
-    primal = (jnp.trace((mT(m) @ b + c) @ z, axis1=-2, axis2=-1)
-              - jnp.sum(m * tangency, axis=(-2, -1))) * scale
+    primal = (
+      jnp.trace((mT(m) @ b + c) @ z, axis1=-2, axis2=-1) - jnp.sum(m * tangency, axis=(-2, -1))
+    ) * scale
     dual = jnp.trace(root, axis1=-2, axis2=-1)
     gap = (dual - primal) / jnp.where(dual > 0, dual, 1)
     return z, root, tangency, residual, scale, gap
@@ -201,14 +208,14 @@ class ManifoldMuonState(NamedTuple):
 
 
 def manifold_muon(
-    learning_rate: ScalarOrSchedule = 0.05,
-    beta: float = 0.95,
-    *,
-    nesterov: bool = True,
-    iterations: int = DUAL_ITERATIONS,
-    ns_iterations: int = NS_ITERATIONS,
-    retraction: str = "polar",
-    frames: FramesLike = FrameSpec(),
+  learning_rate: ScalarOrSchedule = 0.05,
+  beta: float = 0.95,
+  *,
+  nesterov: bool = True,
+  iterations: int = DUAL_ITERATIONS,
+  ns_iterations: int = NS_ITERATIONS,
+  retraction: str = "polar",
+  frames: FramesLike = FrameSpec(),
 ) -> optax.GradientTransformation:
   """Manifold Muon on ``St(d, r)``: tangent momentum, spectral steepest step, retraction.
 
@@ -299,26 +306,34 @@ def manifold_muon(
       m = geometry.stiefel_project(wf, beta * m_prev + gf)
       direction = geometry.stiefel_project(wf, beta * m + gf) if nesterov else m
       sol = spectral_tangent_direction(
-          wf, direction, lam.astype(cd), iterations=iterations, ns_iterations=ns_iterations)
+        wf, direction, lam.astype(cd), iterations=iterations, ns_iterations=ns_iterations
+      )
       moved = finite & (geometry.frame_sq_norm(direction) > 0)
       eta = neg_lr.astype(cd) * sol.direction
       delta, _ = transforms._retract_frames(
-          wf, jnp.where(transforms._expand(moved), eta, 0), "auto", bound,
-          retraction=retraction)
+        wf, jnp.where(transforms._expand(moved), eta, 0), "auto", bound, retraction=retraction
+      )
       keep = transforms._expand(finite)
       keep2 = finite[..., None, None]
       return (
-          spec.from_frames(delta, g.shape).astype(g.dtype),
-          spec.from_frames(jnp.where(keep, m, m_prev), w.shape).astype(mu.dtype),
-          jnp.where(keep2 & moved[..., None, None], sol.multiplier, lam).astype(lam.dtype),
-          jnp.where(moved, sol.residual, res).astype(res.dtype),
-          jnp.where(moved, sol.gap, gap).astype(gap.dtype),
-          skipped + (~finite).astype(jnp.int32),
+        spec.from_frames(delta, g.shape).astype(g.dtype),
+        spec.from_frames(jnp.where(keep, m, m_prev), w.shape).astype(mu.dtype),
+        jnp.where(keep2 & moved[..., None, None], sol.multiplier, lam).astype(lam.dtype),
+        jnp.where(moved, sol.residual, res).astype(res.dtype),
+        jnp.where(moved, sol.gap, gap).astype(gap.dtype),
+        skipped + (~finite).astype(jnp.int32),
       )
 
     out, mu, lam, res, gap, skipped = transforms._per_leaf(
-        leaf, 6, updates, params, mstate.mu, mstate.multiplier, mstate.residual,
-        mstate.gap, mstate.skipped,
+      leaf,
+      6,
+      updates,
+      params,
+      mstate.mu,
+      mstate.multiplier,
+      mstate.residual,
+      mstate.gap,
+      mstate.skipped,
     )
     return out, ManifoldMuonState(count, mu, lam, res, gap, skipped)
 

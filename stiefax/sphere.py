@@ -23,25 +23,31 @@ frame.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence, Union
+from typing import Any
+from typing import Optional
+from typing import Sequence
+from typing import Union
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from stiefax import geometry
-from stiefax.frames import FrameSpec, FramesLike, resolve_frames
-from stiefax.transforms import ScalarMomentState, _cap_factor
+from stiefax.frames import FramesLike
+from stiefax.frames import FrameSpec
+from stiefax.frames import resolve_frames
+from stiefax.transforms import ScalarMomentState
+from stiefax.transforms import _cap_factor
 
 __all__ = ["sphere_project", "sphere_retract", "sphere_moment", "hyperball_adam"]
 
 ScalarOrSchedule = Union[float, jax.Array, optax.Schedule]
 
 _PARAMS_REQUIRED = (
-    "stiefax.{name} needs the current point W: call"
-    " `tx.update(updates, state, params)`. The sphere transforms project onto the"
-    " tangent space of the sphere at W and retract from W, so they cannot run without"
-    " params. (With nnx.Optimizer and optax.partition the params are passed for you.)"
+  "stiefax.{name} needs the current point W: call"
+  " `tx.update(updates, state, params)`. The sphere transforms project onto the"
+  " tangent space of the sphere at W and retract from W, so they cannot run without"
+  " params. (With nnx.Optimizer and optax.partition the params are passed for you.)"
 )
 
 
@@ -75,8 +81,8 @@ def frame_axes(spec: FrameSpec, shape: Sequence[int]) -> tuple[int, ...]:
   """
   if spec.split is not None or spec.select is not None:
     raise ValueError(
-        f"{spec} splits or selects part of a parameter; the sphere transforms take"
-        " whole parameters (give a FrameSpec without split or select)."
+      f"{spec} splits or selects part of a parameter; the sphere transforms take"
+      " whole parameters (give a FrameSpec without split or select)."
     )
   ndim = len(shape)
   if ndim <= 1:
@@ -163,7 +169,7 @@ def sphere_project(frames: FramesLike = FrameSpec()) -> optax.GradientTransforma
 
 
 def sphere_retract(
-    radius: Optional[Any] = None, frames: FramesLike = FrameSpec()
+  radius: Optional[Any] = None, frames: FramesLike = FrameSpec()
 ) -> optax.GradientTransformation:
   """Retracts each frame onto its sphere; put it last in a chain.
 
@@ -230,12 +236,12 @@ def _expand_to_frames(x: jax.Array, shape: Sequence[int], axes: Sequence[int]) -
 
 
 def sphere_moment(
-    b1: float = 0.9,
-    b2: float = 0.999,
-    eps: float = 1e-8,
-    frames: FramesLike = FrameSpec(),
-    *,
-    mu_dtype: Any = None,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-8,
+  frames: FramesLike = FrameSpec(),
+  *,
+  mu_dtype: Any = None,
 ) -> optax.GradientTransformation:
   """Adam moments with one second-moment scalar per frame, transported on the sphere.
 
@@ -305,15 +311,16 @@ def sphere_moment(
       finite_b = jnp.squeeze(finite, axis=axes) if axes else finite
       v = jnp.squeeze(v, axis=axes) if axes else v
       return (
-          step.astype(u.dtype),
-          m.astype(mu.dtype),
-          v.astype(nu.dtype),
-          skipped + (~finite_b).astype(jnp.int32),
+        step.astype(u.dtype),
+        m.astype(mu.dtype),
+        v.astype(nu.dtype),
+        skipped + (~finite_b).astype(jnp.int32),
       )
 
     treedef = jax.tree_util.tree_structure(updates)
-    outs = treedef.flatten_up_to(jax.tree_util.tree_map_with_path(
-        leaf, updates, params, state.mu, state.nu, state.skipped))
+    outs = treedef.flatten_up_to(
+      jax.tree_util.tree_map_with_path(leaf, updates, params, state.mu, state.nu, state.skipped)
+    )
     out, mu, nu, skipped = (treedef.unflatten([o[i] for o in outs]) for i in range(4))
     return out, ScalarMomentState(count, mu, nu, skipped)
 
@@ -368,16 +375,16 @@ def _sphere_cap(max_norm, frames: FramesLike) -> optax.GradientTransformation:
 
 
 def hyperball_adam(
-    learning_rate: ScalarOrSchedule = 1.0,
-    b1: float = 0.9,
-    b2: float = 0.999,
-    eps: float = 1e-8,
-    max_norm: Optional[float] = 0.1,
-    radius: Optional[Any] = None,
-    *,
-    frames: FramesLike = FrameSpec(),
-    relative: bool = True,
-    mu_dtype: Any = None,
+  learning_rate: ScalarOrSchedule = 1.0,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-8,
+  max_norm: Optional[float] = 0.1,
+  radius: Optional[Any] = None,
+  *,
+  frames: FramesLike = FrameSpec(),
+  relative: bool = True,
+  mu_dtype: Any = None,
 ) -> optax.GradientTransformation:
   r"""Scalar-moment, step-capped Adam on the sphere of each frame ("Hyperball").
 
@@ -430,9 +437,9 @@ def hyperball_adam(
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
   parts = [
-      sphere_project(frames),
-      sphere_moment(b1, b2, eps, frames, mu_dtype=mu_dtype),
-      optax.scale_by_learning_rate(learning_rate),
+    sphere_project(frames),
+    sphere_moment(b1, b2, eps, frames, mu_dtype=mu_dtype),
+    optax.scale_by_learning_rate(learning_rate),
   ]
   if max_norm is not None:
     parts.append(_sphere_cap(max_norm, frames))

@@ -29,32 +29,35 @@ how-to "Shard heads across devices").
 from __future__ import annotations
 
 import math
+from typing import Any
+from typing import Callable
+from typing import NamedTuple
 import warnings
-from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from optax import tree_utils as otu
 
 from stiefax import geometry
-from stiefax.frames import FrameSpec, FramesLike, checked_frames
+from stiefax.frames import FramesLike
+from stiefax.frames import FrameSpec
+from stiefax.frames import checked_frames
 
 __all__ = [
-    "PROJECTORS",
-    "ScalarMomentState",
-    "ElementwiseMomentState",
-    "PolarRetractState",
-    "stiefel_project",
-    "grassmann_project",
-    "canonical_gradient",
-    "scalar_moment",
-    "elementwise_moment",
-    "step_norm_cap",
-    "polar_retract",
-    "retract",
-    "RETRACTIONS",
+  "PROJECTORS",
+  "ScalarMomentState",
+  "ElementwiseMomentState",
+  "PolarRetractState",
+  "stiefel_project",
+  "grassmann_project",
+  "canonical_gradient",
+  "scalar_moment",
+  "elementwise_moment",
+  "step_norm_cap",
+  "polar_retract",
+  "retract",
+  "RETRACTIONS",
 ]
 
 #: Tangent projectors by name (``projector=`` of the moments and the aliases).
@@ -64,17 +67,17 @@ PROJECTORS = ("stiefel", "grassmann", "canonical")
 RETRACTIONS = ("polar", "qr", "cayley")
 
 _PARAMS_REQUIRED = (
-    "stiefax.{name} needs the current point W: call"
-    " `tx.update(updates, state, params)`. The Stiefel transforms project onto the"
-    " tangent space at W and retract from W, so they cannot run without params."
-    " (With nnx.Optimizer and optax.partition the params are passed for you.)"
+  "stiefax.{name} needs the current point W: call"
+  " `tx.update(updates, state, params)`. The Stiefel transforms project onto the"
+  " tangent space at W and retract from W, so they cannot run without params."
+  " (With nnx.Optimizer and optax.partition the params are passed for you.)"
 )
 
 _OFF_MANIFOLD = (
-    "stiefax.{name}.init: the parameter at {path} (shape {shape}, {dtype}) is not on"
-    " the Stiefel manifold: max|W^T W - I| = {err:.3g} > {tol:.3g}. Initialize it with"
-    " stiefax.flax.orthonormal_init(...) or snap pretrained weights with"
-    " stiefax.flax.project_params(params, labels) before building the optimizer state."
+  "stiefax.{name}.init: the parameter at {path} (shape {shape}, {dtype}) is not on"
+  " the Stiefel manifold: max|W^T W - I| = {err:.3g} > {tol:.3g}. Initialize it with"
+  " stiefax.flax.orthonormal_init(...) or snap pretrained weights with"
+  " stiefax.flax.project_params(params, labels) before building the optimizer state."
 )
 
 # ``max|W^T W - I|`` above which ``polar_retract.init`` rejects a concrete float32 or
@@ -101,9 +104,7 @@ def _require_params(name: str, params: Any) -> None:
 
 def _check_projector(projector: str) -> None:
   if projector not in PROJECTORS:
-    raise ValueError(
-        f"Unknown projector {projector!r}; valid projectors are {PROJECTORS}."
-    )
+    raise ValueError(f"Unknown projector {projector!r}; valid projectors are {PROJECTORS}.")
 
 
 def _tangent_fn(projector: str) -> Callable[[jax.Array, jax.Array], jax.Array]:
@@ -281,14 +282,14 @@ class ElementwiseMomentState(NamedTuple):
 
 
 def _moment(
-    name: str,
-    b1,
-    b2,
-    eps,
-    frames: FramesLike,
-    projector: str,
-    elementwise: bool,
-    mu_dtype,
+  name: str,
+  b1,
+  b2,
+  eps,
+  frames: FramesLike,
+  projector: str,
+  elementwise: bool,
+  mu_dtype,
 ) -> optax.GradientTransformation:
   _check_projector(projector)
   tangent = _tangent_fn(projector)
@@ -343,28 +344,26 @@ def _moment(
       v = jnp.where(_expand(finite) if elementwise else finite, v, v_prev)
       new_nu = spec.from_frames(v, w.shape) if elementwise else v
       return (
-          spec.from_frames(step, u.shape).astype(w.dtype),
-          spec.from_frames(m, w.shape).astype(mu.dtype),
-          new_nu.astype(nu.dtype),
-          skipped + (~finite).astype(jnp.int32),
+        spec.from_frames(step, u.shape).astype(w.dtype),
+        spec.from_frames(m, w.shape).astype(mu.dtype),
+        new_nu.astype(nu.dtype),
+        skipped + (~finite).astype(jnp.int32),
       )
 
-    out, mu, nu, skipped = _per_leaf(
-        leaf, 4, updates, params, state.mu, state.nu, state.skipped
-    )
+    out, mu, nu, skipped = _per_leaf(leaf, 4, updates, params, state.mu, state.nu, state.skipped)
     return out, state_cls(count, mu, nu, skipped)
 
   return optax.GradientTransformation(init_fn, update_fn)
 
 
 def scalar_moment(
-    b1: float = 0.9,
-    b2: float = 0.999,
-    eps: float = 1e-8,
-    frames: FramesLike = FrameSpec(),
-    *,
-    projector: str = "stiefel",
-    mu_dtype: Any = None,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-8,
+  frames: FramesLike = FrameSpec(),
+  *,
+  projector: str = "stiefel",
+  mu_dtype: Any = None,
 ) -> optax.GradientTransformation:
   """Adam moments with one second-moment scalar per frame (paper section 3.2).
 
@@ -411,13 +410,13 @@ def scalar_moment(
 
 
 def elementwise_moment(
-    b1: float = 0.9,
-    b2: float = 0.999,
-    eps: float = 1e-8,
-    frames: FramesLike = FrameSpec(),
-    *,
-    projector: str = "stiefel",
-    mu_dtype: Any = None,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-8,
+  frames: FramesLike = FrameSpec(),
+  *,
+  projector: str = "stiefel",
+  mu_dtype: Any = None,
 ) -> optax.GradientTransformation:
   """The "naive" Riemannian Adam moment: per-entry ``v`` (the paper's ablation).
 
@@ -515,20 +514,18 @@ class PolarRetractState(NamedTuple):
 
 
 _LAPACK_WARNING = (
-    "stiefax.polar_retract(method={method!r}) calls a LAPACK-backed decomposition."
-    " On the CPU backend (jaxlib 0.10) such decompositions have deadlocked inside"
-    " jitted or scanned training steps (eigh hangs in a jitted update of 12 heads of"
-    " St(768, 64), with or without XLA_FLAGS=--xla_cpu_use_thunk_runtime=false; a"
-    " batched svd polar hung in a jitted Flax step). Use method='auto' (matrix"
-    " products only), or run this method outside fused training programs."
+  "stiefax.polar_retract(method={method!r}) calls a LAPACK-backed decomposition."
+  " On the CPU backend (jaxlib 0.10) such decompositions have deadlocked inside"
+  " jitted or scanned training steps (eigh hangs in a jitted update of 12 heads of"
+  " St(768, 64), with or without XLA_FLAGS=--xla_cpu_use_thunk_runtime=false; a"
+  " batched svd polar hung in a jitted Flax step). Use method='auto' (matrix"
+  " products only), or run this method outside fused training programs."
 )
 
 
 def _check_retraction(retraction: str) -> None:
   if retraction not in RETRACTIONS:
-    raise ValueError(
-        f"Unknown retraction {retraction!r}; valid retractions are {RETRACTIONS}."
-    )
+    raise ValueError(f"Unknown retraction {retraction!r}; valid retractions are {RETRACTIONS}.")
 
 
 def _retract_frames(wf, eta, method, step_bound, sq_norm=None, retraction="polar"):
@@ -563,11 +560,11 @@ def _retract_frames(wf, eta, method, step_bound, sq_norm=None, retraction="polar
 
 
 def polar_retract(
-    frames: FramesLike = FrameSpec(),
-    method: str = "auto",
-    *,
-    step_bound: float | None = None,
-    init_tol: float | None = None,
+  frames: FramesLike = FrameSpec(),
+  method: str = "auto",
+  *,
+  step_bound: float | None = None,
+  init_tol: float | None = None,
 ) -> optax.GradientTransformation:
   """Retracts each frame with its polar factor; put it last in a chain.
 
@@ -614,18 +611,19 @@ def polar_retract(
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
-  return retract(frames, "polar", method, step_bound=step_bound, init_tol=init_tol,
-                 name="polar_retract")
+  return retract(
+    frames, "polar", method, step_bound=step_bound, init_tol=init_tol, name="polar_retract"
+  )
 
 
 def retract(
-    frames: FramesLike = FrameSpec(),
-    retraction: str = "polar",
-    method: str = "auto",
-    *,
-    step_bound: float | None = None,
-    init_tol: float | None = None,
-    name: str = "retract",
+  frames: FramesLike = FrameSpec(),
+  retraction: str = "polar",
+  method: str = "auto",
+  *,
+  step_bound: float | None = None,
+  init_tol: float | None = None,
+  name: str = "retract",
 ) -> optax.GradientTransformation:
   """Retracts each frame with the chosen retraction; put it last in a chain.
 
@@ -669,10 +667,13 @@ def retract(
   _check_retraction(retraction)
   if method not in geometry.POLAR_METHODS:
     raise ValueError(
-        f"Unknown polar method {method!r}; valid methods are {geometry.POLAR_METHODS}."
+      f"Unknown polar method {method!r}; valid methods are {geometry.POLAR_METHODS}."
     )
-  if (retraction == "polar" and method in geometry.DECOMPOSITION_METHODS
-      and jax.default_backend() == "cpu"):
+  if (
+    retraction == "polar"
+    and method in geometry.DECOMPOSITION_METHODS
+    and jax.default_backend() == "cpu"
+  ):
     warnings.warn(_LAPACK_WARNING.format(method=method), RuntimeWarning, stacklevel=3)
 
   def init_fn(params):
@@ -688,10 +689,14 @@ def retract(
         tol = _init_tolerance(w.dtype) if init_tol is None else float(init_tol)
         if not err <= tol:
           raise ValueError(
-              _OFF_MANIFOLD.format(
-                  name=name, path=jax.tree_util.keystr(path) or "<root>",
-                  shape=tuple(w.shape), dtype=jnp.dtype(w.dtype).name, err=err, tol=tol,
-              )
+            _OFF_MANIFOLD.format(
+              name=name,
+              path=jax.tree_util.keystr(path) or "<root>",
+              shape=tuple(w.shape),
+              dtype=jnp.dtype(w.dtype).name,
+              err=err,
+              tol=tol,
+            )
           )
       return skipped
 
@@ -704,12 +709,15 @@ def retract(
       spec = checked_frames(frames, path, w)
       cd = _compute_dtype(u, w)
       delta, finite = _retract_frames(
-          spec.to_frames(w).astype(cd), spec.to_frames(u).astype(cd), method, step_bound,
-          retraction=retraction,
+        spec.to_frames(w).astype(cd),
+        spec.to_frames(u).astype(cd),
+        method,
+        step_bound,
+        retraction=retraction,
       )
       return (
-          spec.from_frames(delta, u.shape).astype(w.dtype),
-          skipped + (~finite).astype(jnp.int32),
+        spec.from_frames(delta, u.shape).astype(w.dtype),
+        skipped + (~finite).astype(jnp.int32),
       )
 
     out, skipped = _per_leaf(leaf, 2, updates, params, state.skipped)

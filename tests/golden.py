@@ -16,7 +16,6 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from tests import test_common as common
 
@@ -31,8 +30,9 @@ def trajectory(name: str) -> dict[str, np.ndarray]:
   """
   case = common.CASES[name]
   tx = case.make()
-  params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float64),
-                        common.make_params(case.params, jnp.float64))
+  params = jax.tree.map(
+    lambda x: jnp.asarray(x, jnp.float64), common.make_params(case.params, jnp.float64)
+  )
   state = tx.init(params)
   update = jax.jit(tx.update)
   for i in range(STEPS):

@@ -24,9 +24,9 @@ def canonical_gradient(w, g):
 
 
 PROJECT = {
-    "stiefel": stiefel_project,
-    "grassmann": grassmann_project,
-    "canonical": canonical_gradient,
+  "stiefel": stiefel_project,
+  "grassmann": grassmann_project,
+  "canonical": canonical_gradient,
 }
 
 
@@ -50,17 +50,26 @@ def cayley_retract(w, eta):
 
 
 RETRACT = {
-    "polar": lambda w, eta: polar(w + eta),
-    "qr": qr_retract,
-    "cayley": cayley_retract,
+  "polar": lambda w, eta: polar(w + eta),
+  "qr": qr_retract,
+  "cayley": cayley_retract,
 }
 
 
 class RiemannianAdam:
   """One frame at a time, exactly as listed in section 3.2 of the paper."""
 
-  def __init__(self, lr=1.0, b1=0.9, b2=0.999, eps=1e-8, max_norm=0.1,
-               projector="stiefel", moment="scalar", retraction="polar"):
+  def __init__(
+    self,
+    lr=1.0,
+    b1=0.9,
+    b2=0.999,
+    eps=1e-8,
+    max_norm=0.1,
+    projector="stiefel",
+    moment="scalar",
+    retraction="polar",
+  ):
     self.lr, self.b1, self.b2, self.eps = lr, b1, b2, eps
     self.max_norm, self.projector, self.moment = max_norm, projector, moment
     self.retraction = retraction
@@ -98,8 +107,9 @@ class RiemannianAdam:
 
 
 def riemannian_sgd(w, g, lr=0.02, projector="grassmann", retraction="polar"):
-  return np.stack([RETRACT[retraction](w[h], -lr * PROJECT[projector](w[h], g[h]))
-                   for h in range(len(w))])
+  return np.stack(
+    [RETRACT[retraction](w[h], -lr * PROJECT[projector](w[h], g[h])) for h in range(len(w))]
+  )
 
 
 def random_frames(rng, shape):

@@ -9,8 +9,10 @@ import sys
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import stiefax
 
@@ -21,15 +23,19 @@ def main():
   mesh = Mesh(devices, ("heads",))
   # Query/key kernels (d_model, heads, head_dim) and a layer-stacked one.
   w = {
-      "query": stiefax.flax.orthonormal_init()(jax.random.key(0), (128, 8, 16)),
-      "key": stiefax.flax.orthonormal_init()(jax.random.key(1), (128, 8, 16)),
+    "query": stiefax.flax.orthonormal_init()(jax.random.key(0), (128, 8, 16)),
+    "key": stiefax.flax.orthonormal_init()(jax.random.key(1), (128, 8, 16)),
   }
-  grads = [jax.tree.map(lambda x: jax.random.normal(jax.random.key(10 + i), x.shape), w)
-           for i in range(3)]
+  grads = [
+    jax.tree.map(lambda x, i=i: jax.random.normal(jax.random.key(10 + i), x.shape), w)
+    for i in range(3)
+  ]
   shard = NamedSharding(mesh, P(None, "heads", None))
   # "capped": the default B2 (fixed Newton-Schulz count); "uncapped": the stopping
   # rule, whose convergence test reduces over all frames (the control).
-  tx = stiefax.riemannian_adam() if sys.argv[1] == "capped" else stiefax.riemannian_adam(max_norm=None)
+  tx = (
+    stiefax.riemannian_adam() if sys.argv[1] == "capped" else stiefax.riemannian_adam(max_norm=None)
+  )
 
   state_specs = []
 
@@ -49,12 +55,24 @@ def main():
 
   plain, _ = run(w, grads, False)
   sharded, hlo = run(w, grads, True)
-  diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(sharded)))
-  collectives = sorted(set(re.findall(r"\b(all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter)", hlo)))
+  diff = max(
+    float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(sharded))
+  )
+  collectives = sorted(
+    set(re.findall(r"\b(all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter)", hlo))
+  )
   out_sharding = str(jax.tree.leaves(sharded)[0].sharding.spec)
-  print(json.dumps({"diff": diff, "collectives": collectives, "sharding": out_sharding,
-                    "state_shardings": sorted(set(state_specs)),
-                    "iso": float(stiefax.diagnostics.isometry_error(sharded))}))
+  print(
+    json.dumps(
+      {
+        "diff": diff,
+        "collectives": collectives,
+        "sharding": out_sharding,
+        "state_shardings": sorted(set(state_specs)),
+        "iso": float(stiefax.diagnostics.isometry_error(sharded)),
+      }
+    )
+  )
 
 
 if __name__ == "__main__":

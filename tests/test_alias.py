@@ -11,7 +11,11 @@ import pytest
 import stiefax
 from stiefax import FrameSpec
 from tests import reference as ref
-from tests.test_transforms import D, H, R, kernel, to_ref
+from tests.test_transforms import D
+from tests.test_transforms import H
+from tests.test_transforms import R
+from tests.test_transforms import kernel
+from tests.test_transforms import to_ref
 
 
 def trajectory(tx, w, grads):
@@ -38,21 +42,23 @@ def random_grads(rng, n, shape, decades=3):
 
 
 @pytest.mark.parametrize(
-    "kwargs",
-    [
-        dict(),
-        dict(moment="elementwise", learning_rate=0.03),
-        dict(projector="grassmann"),
-        dict(projector="canonical", moment="elementwise", learning_rate=1e-3, max_norm=None),
-        dict(eps=1e-3, b2=0.98, max_norm=0.3),
-    ],
-    ids=["B2", "elementwise", "grassmann", "B2m-can", "grok-eps"],
+  "kwargs",
+  [
+    dict(),
+    dict(moment="elementwise", learning_rate=0.03),
+    dict(projector="grassmann"),
+    dict(projector="canonical", moment="elementwise", learning_rate=1e-3, max_norm=None),
+    dict(eps=1e-3, b2=0.98, max_norm=0.3),
+  ],
+  ids=["B2", "elementwise", "grassmann", "B2m-can", "grok-eps"],
 )
 def test_trajectory_matches_float64_reference(x64, rng, kwargs):
   w0 = kernel(rng)
   grads = random_grads(rng, 40, w0.shape)
   iterates = run(stiefax.riemannian_adam(**kwargs), w0, grads)
-  reference = ref.RiemannianAdam(**{("lr" if k == "learning_rate" else k): v for k, v in kwargs.items()})
+  reference = ref.RiemannianAdam(
+    **{("lr" if k == "learning_rate" else k): v for k, v in kwargs.items()}
+  )
   w = to_ref(w0)
   worst = 0.0
   for g, it in zip(grads, iterates):
@@ -68,7 +74,7 @@ def test_riemannian_sgd_matches_reference(x64, rng):
   grads = random_grads(rng, 10, w0.shape)
   iterates = run(stiefax.riemannian_sgd(0.05), w0, grads)
   w = to_ref(w0)
-  for g, it in zip(grads, iterates):
+  for g, _it in zip(grads, iterates):
     w = ref.riemannian_sgd(w, to_ref(g), lr=0.05)
   np.testing.assert_allclose(to_ref(iterates[-1]), w, atol=1e-10)
 
@@ -151,7 +157,8 @@ def test_schedules_and_inject_hyperparams(rng):
   # Step 0 has a zero learning rate: the frame does not move.
   np.testing.assert_array_equal(with_schedule[0], w)
   injected = optax.inject_hyperparams(stiefax.riemannian_adam)(
-      learning_rate=sched, b1=0.9, b2=0.999, eps=1e-8, max_norm=10.0)
+    learning_rate=sched, b1=0.9, b2=0.999, eps=1e-8, max_norm=10.0
+  )
   got = run(injected, w, grads)
   np.testing.assert_allclose(got[-1], with_schedule[-1], atol=2e-5)
   # A traced hyperparameter changes without recompiling.
@@ -204,12 +211,12 @@ def test_extra_args_are_accepted():
 
 def _tree(rng):
   return {
-      "attn": {
-          "query": {"kernel": kernel(rng, dtype=np.float32), "bias": jnp.ones((H, R))},
-          "key": {"kernel": kernel(rng, dtype=np.float32), "bias": jnp.ones((H, R))},
-          "value": {"kernel": jnp.ones((D, H, R)), "bias": jnp.ones((H, R))},
-      },
-      "dense": {"kernel": jnp.ones((D, D)), "bias": jnp.ones((D,))},
+    "attn": {
+      "query": {"kernel": kernel(rng, dtype=np.float32), "bias": jnp.ones((H, R))},
+      "key": {"kernel": kernel(rng, dtype=np.float32), "bias": jnp.ones((H, R))},
+      "value": {"kernel": jnp.ones((D, H, R)), "bias": jnp.ones((H, R))},
+    },
+    "dense": {"kernel": jnp.ones((D, D)), "bias": jnp.ones((D,))},
   }
 
 
@@ -261,7 +268,8 @@ def test_optax_multi_transform_alias_also_works(rng):
   params = _tree(rng)
   labels = stiefax.flax.qk_labels(params)
   tx = optax.multi_transform(
-      {"stiefel": stiefax.riemannian_adam(), "adamw": optax.adamw(1e-3)}, labels)
+    {"stiefel": stiefax.riemannian_adam(), "adamw": optax.adamw(1e-3)}, labels
+  )
   grads = jax.tree.map(jnp.ones_like, params)
   u, _ = tx.update(grads, tx.init(params), params)
   new = optax.apply_updates(params, u)
@@ -269,16 +277,18 @@ def test_optax_multi_transform_alias_also_works(rng):
 
 
 def test_stiefel_adamw_refuses_to_select_no_frame(rng):
-  tree = {"layers_0": {"attn": {"wq": {"kernel": jnp.ones((D, D))}, "wk": {"kernel": jnp.ones((D, D))}}},
-          "mlp": {"kernel": jnp.ones((D, D))}}
+  tree = {
+    "layers_0": {"attn": {"wq": {"kernel": jnp.ones((D, D))}, "wk": {"kernel": jnp.ones((D, D))}}},
+    "mlp": {"kernel": jnp.ones((D, D))},
+  }
   # Default labels: the attention-like kernels are named, with how to select them.
   with pytest.raises(ValueError, match=r"layers_0/attn/wk/kernel.*modules=\('wk', 'wq'\)"):
     stiefax.stiefel_adamw(1e-3).init(tree)
   # A label tree with no frame at all, attention or not, is refused too.
   all_adamw = lambda p: jax.tree.map(lambda _: "adamw", p)
-  with pytest.raises(ValueError, match="no parameter is labelled 'stiefel'.*layers_0/attn/wq"):
+  with pytest.raises(ValueError, match=r"no parameter is labelled 'stiefel'.*layers_0/attn/wq"):
     stiefax.stiefel_adamw(1e-3, labels=all_adamw).init(tree)
-  with pytest.raises(ValueError, match="no parameter is labelled 'stiefel'.*no attention-like"):
+  with pytest.raises(ValueError, match=r"no parameter is labelled 'stiefel'.*no attention-like"):
     stiefax.stiefel_adamw(1e-3, labels=all_adamw).init({"mlp": tree["mlp"]})
   # Control: selected by name, the same tree trains.
   picked = lambda p: stiefax.flax.qk_labels(p, modules=("wq", "wk"))

@@ -6,7 +6,11 @@ import sys
 
 import pytest
 
-from benchmarks import grok_seeds, mmuon_solver, train_step, update_step, vs_geoopt
+from benchmarks import grok_seeds
+from benchmarks import mmuon_solver
+from benchmarks import train_step
+from benchmarks import update_step
+from benchmarks import vs_geoopt
 
 
 def _main(module, argv, capsys, monkeypatch):
@@ -26,8 +30,12 @@ def test_update_step_table_and_summary(capsys, monkeypatch):
 
 
 def test_update_step_family_rows(capsys, monkeypatch):
-  out = _main(update_step, ["--quick", "--methods", "auto", "--reps", "1", "--family",
-                            "--shapes", "(4,128,32)"], capsys, monkeypatch)
+  out = _main(
+    update_step,
+    ["--quick", "--methods", "auto", "--reps", "1", "--family", "--shapes", "(4,128,32)"],
+    capsys,
+    monkeypatch,
+  )
   rows = [line for line in out.splitlines() if line.startswith("(8,128,16)")]
   for label in ("retraction=qr", "retraction=cayley", "manifold_muon", "optax muon"):
     assert sum(label in r for r in rows) == 1, label
@@ -44,7 +52,9 @@ def test_mmuon_solver_tables(capsys, monkeypatch):
 
 def test_train_step_summary(capsys, monkeypatch):
   out = _main(train_step, ["--batch", "8", "--reps", "2"], capsys, monkeypatch)
-  assert re.search(r"^summary: training step .* B2 [0-9.]+ ms vs A2 [0-9.]+ ms: [0-9.]+x$", out, re.M)
+  assert re.search(
+    r"^summary: training step .* B2 [0-9.]+ ms vs A2 [0-9.]+ ms: [0-9.]+x$", out, re.M
+  )
 
 
 def test_grok_seeds_ratio(capsys, monkeypatch):
@@ -52,13 +62,17 @@ def test_grok_seeds_ratio(capsys, monkeypatch):
   from tests.test_grok import TINY  # pylint: disable=g-import-not-at-top
 
   monkeypatch.setitem(grok.PRESETS, "tiny", dict(config=TINY, arms=("B2",), seeds=(0,)))
-  out = _main(grok_seeds, ["--preset", "tiny", "--seeds", "2", "--window", "2", "--reps", "1"],
-              capsys, monkeypatch)
+  out = _main(
+    grok_seeds,
+    ["--preset", "tiny", "--seeds", "2", "--window", "2", "--reps", "1"],
+    capsys,
+    monkeypatch,
+  )
   assert re.search(r"^  vmapped / separate = [0-9.]+$", out, re.M)
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("geoopt") is None, reason="needs the bench extra (torch, geoopt)"
+  importlib.util.find_spec("geoopt") is None, reason="needs the bench extra (torch, geoopt)"
 )
 def test_vs_geoopt_summary(capsys, monkeypatch):
   monkeypatch.setattr(vs_geoopt, "SHAPES", [(2, 16, 4)])

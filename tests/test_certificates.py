@@ -35,8 +35,7 @@ def test_certificate_passes_with_a_control_far_above_tolerance(results, name):
   c = results[name]
   assert isinstance(c, certificates.Certificate)
   assert c.passed, c
-  expected = (certificates.OPTIMUM_TOLERANCE if name == "mmuon_optimum"
-              else certificates.TOLERANCE)
+  expected = certificates.OPTIMUM_TOLERANCE if name == "mmuon_optimum" else certificates.TOLERANCE
   assert 0.0 <= c.residual <= c.tolerance == expected
   assert c.control >= certificates.CONTROL_MARGIN * c.tolerance
   assert np.isfinite(c.residual) and np.isfinite(c.control)
@@ -83,8 +82,7 @@ def test_gauge_check_fails_on_a_random_pair_and_passes_on_a_true_gradient(x64):
   assert not bad.passed and bad.residual > 0.1
   # The certificate's own problem, differentiated independently of its code path.
   p, _ = certificates._attention_problem(0)
-  grads = jax.grad(certificates._attention_loss, argnums=(3, 4))(
-      p.x, p.w_v, p.target, p.w_q, p.w_k)
+  grads = jax.grad(certificates._attention_loss, argnums=(3, 4))(p.x, p.w_v, p.target, p.w_q, p.w_k)
   good = certificates.joint_gauge_gradient(grads=grads)
   assert good.passed and good.residual < 1e-13
 

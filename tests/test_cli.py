@@ -22,8 +22,14 @@ def test_version_flag_prints_the_package_version(capsys):
 
 def test_version_flag_from_the_command_line():
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
-  proc = subprocess.run([sys.executable, "-m", "stiefax.experiments.cli", "--version"],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+  proc = subprocess.run(
+    [sys.executable, "-m", "stiefax.experiments.cli", "--version"],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.strip() == f"stiefax {stiefax.__version__}"
   assert stiefax.__version__.count(".") == 2

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Optional
+from typing import Any
+from typing import Callable
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -78,6 +80,7 @@ def _adam_ref(**kw):
       w = opt.step(w, g)
       out.append(w)
     return out
+
   return fn
 
 
@@ -88,6 +91,7 @@ def _sgd_ref(**kw):
       w = ref.riemannian_sgd(w, g, **kw)
       out.append(w)
     return out
+
   return fn
 
 
@@ -101,6 +105,7 @@ def _cap(tau):
     limit = tau * np.sqrt(g.shape[1])
     norm = np.linalg.norm(g)
     return g * min(1.0, limit / norm)
+
   return step
 
 
@@ -113,58 +118,94 @@ def _stiefel_state(state):
 MUON = dict(iterations=3, ns_iterations=5)
 
 CASES = {
-    # Riemannian Adam: the fused default, the literal chain, the elementwise moment.
-    "adam": Case(stiefax.riemannian_adam, dict(learning_rate=1.0), reference=_adam_ref()),
-    "adam-chain": Case(stiefax.riemannian_adam, dict(learning_rate=1.0, fused=False),
-                       reference=_adam_ref()),
-    "adam-elementwise": Case(
-        stiefax.riemannian_adam,
-        dict(learning_rate=0.03, moment="elementwise", projector="grassmann"),
-        reference=_adam_ref(lr=0.03, moment="elementwise", projector="grassmann")),
-    # With each retraction.
-    "adam-qr": Case(stiefax.riemannian_adam, dict(learning_rate=1.0, retraction="qr"),
-                    reference=_adam_ref(retraction="qr")),
-    "adam-cayley-chain": Case(
-        stiefax.riemannian_adam,
-        dict(learning_rate=0.01, retraction="cayley", projector="canonical", max_norm=None,
-             fused=False),
-        reference=_adam_ref(lr=0.01, retraction="cayley", projector="canonical",
-                            max_norm=None)),
-    # Riemannian SGD.
-    "sgd": Case(stiefax.riemannian_sgd, dict(learning_rate=0.05), reference=_sgd_ref(lr=0.05)),
-    "sgd-cayley": Case(stiefax.riemannian_sgd,
-                       dict(learning_rate=0.05, projector="stiefel", retraction="cayley"),
-                       reference=_sgd_ref(lr=0.05, projector="stiefel", retraction="cayley")),
-    # Manifold Muon.
-    "muon": Case(stiefax.manifold_muon, dict(learning_rate=0.05, **MUON),
-                 static_args=tuple(MUON)),
-    # The whole-model optimizer: frames plus AdamW for the rest.
-    "stiefel_adamw": Case(stiefax.stiefel_adamw, dict(learning_rate=1e-2, weight_decay=0.1),
-                          params="model", lr_leaves=("dense",), frame_state=_stiefel_state,
-                          reference=_adam_ref()),
-    # Frames on spheres.
-    "hyperball_adam": Case(stiefax.hyperball_adam, dict(learning_rate=1.0), params="sphere",
-                           manifold="sphere"),
-    # The transforms.
-    "stiefel_project": Case(stiefax.stiefel_project, manifold=None, nonfinite=False,
-                            reference=_per_head_ref(ref.stiefel_project)),
-    "grassmann_project": Case(stiefax.grassmann_project, manifold=None, nonfinite=False,
-                              reference=_per_head_ref(ref.grassmann_project)),
-    "canonical_gradient": Case(stiefax.canonical_gradient, manifold=None, nonfinite=False,
-                               reference=_per_head_ref(ref.canonical_gradient)),
-    "scalar_moment": Case(stiefax.scalar_moment, manifold=None),
-    "elementwise_moment": Case(stiefax.elementwise_moment, manifold=None),
-    "step_norm_cap": Case(stiefax.step_norm_cap, dict(max_norm=0.1), manifold=None,
-                          nonfinite=False, reference=_per_head_ref(_cap(0.1))),
-    "polar_retract": Case(stiefax.polar_retract,
-                          reference=_per_head_ref(lambda w, g: ref.polar(w + g) - w)),
-    "retract-qr": Case(stiefax.retract, dict(retraction="qr"),
-                       reference=_per_head_ref(lambda w, g: ref.qr_retract(w, g) - w)),
-    "retract-cayley": Case(stiefax.retract, dict(retraction="cayley"),
-                           reference=_per_head_ref(lambda w, g: ref.cayley_retract(w, g) - w)),
-    "sphere_project": Case(stiefax.sphere_project, params="sphere", manifold=None,
-                           nonfinite=False),
-    "sphere_retract": Case(stiefax.sphere_retract, params="sphere", manifold="sphere"),
+  # Riemannian Adam: the fused default, the literal chain, the elementwise moment.
+  "adam": Case(stiefax.riemannian_adam, dict(learning_rate=1.0), reference=_adam_ref()),
+  "adam-chain": Case(
+    stiefax.riemannian_adam, dict(learning_rate=1.0, fused=False), reference=_adam_ref()
+  ),
+  "adam-elementwise": Case(
+    stiefax.riemannian_adam,
+    dict(learning_rate=0.03, moment="elementwise", projector="grassmann"),
+    reference=_adam_ref(lr=0.03, moment="elementwise", projector="grassmann"),
+  ),
+  # With each retraction.
+  "adam-qr": Case(
+    stiefax.riemannian_adam,
+    dict(learning_rate=1.0, retraction="qr"),
+    reference=_adam_ref(retraction="qr"),
+  ),
+  "adam-cayley-chain": Case(
+    stiefax.riemannian_adam,
+    dict(
+      learning_rate=0.01, retraction="cayley", projector="canonical", max_norm=None, fused=False
+    ),
+    reference=_adam_ref(lr=0.01, retraction="cayley", projector="canonical", max_norm=None),
+  ),
+  # Riemannian SGD.
+  "sgd": Case(stiefax.riemannian_sgd, dict(learning_rate=0.05), reference=_sgd_ref(lr=0.05)),
+  "sgd-cayley": Case(
+    stiefax.riemannian_sgd,
+    dict(learning_rate=0.05, projector="stiefel", retraction="cayley"),
+    reference=_sgd_ref(lr=0.05, projector="stiefel", retraction="cayley"),
+  ),
+  # Manifold Muon.
+  "muon": Case(stiefax.manifold_muon, dict(learning_rate=0.05, **MUON), static_args=tuple(MUON)),
+  # The whole-model optimizer: frames plus AdamW for the rest.
+  "stiefel_adamw": Case(
+    stiefax.stiefel_adamw,
+    dict(learning_rate=1e-2, weight_decay=0.1),
+    params="model",
+    lr_leaves=("dense",),
+    frame_state=_stiefel_state,
+    reference=_adam_ref(),
+  ),
+  # Frames on spheres.
+  "hyperball_adam": Case(
+    stiefax.hyperball_adam, dict(learning_rate=1.0), params="sphere", manifold="sphere"
+  ),
+  # The transforms.
+  "stiefel_project": Case(
+    stiefax.stiefel_project,
+    manifold=None,
+    nonfinite=False,
+    reference=_per_head_ref(ref.stiefel_project),
+  ),
+  "grassmann_project": Case(
+    stiefax.grassmann_project,
+    manifold=None,
+    nonfinite=False,
+    reference=_per_head_ref(ref.grassmann_project),
+  ),
+  "canonical_gradient": Case(
+    stiefax.canonical_gradient,
+    manifold=None,
+    nonfinite=False,
+    reference=_per_head_ref(ref.canonical_gradient),
+  ),
+  "scalar_moment": Case(stiefax.scalar_moment, manifold=None),
+  "elementwise_moment": Case(stiefax.elementwise_moment, manifold=None),
+  "step_norm_cap": Case(
+    stiefax.step_norm_cap,
+    dict(max_norm=0.1),
+    manifold=None,
+    nonfinite=False,
+    reference=_per_head_ref(_cap(0.1)),
+  ),
+  "polar_retract": Case(
+    stiefax.polar_retract, reference=_per_head_ref(lambda w, g: ref.polar(w + g) - w)
+  ),
+  "retract-qr": Case(
+    stiefax.retract,
+    dict(retraction="qr"),
+    reference=_per_head_ref(lambda w, g: ref.qr_retract(w, g) - w),
+  ),
+  "retract-cayley": Case(
+    stiefax.retract,
+    dict(retraction="cayley"),
+    reference=_per_head_ref(lambda w, g: ref.cayley_retract(w, g) - w),
+  ),
+  "sphere_project": Case(stiefax.sphere_project, params="sphere", manifold=None, nonfinite=False),
+  "sphere_retract": Case(stiefax.sphere_retract, params="sphere", manifold="sphere"),
 }
 NAMES = sorted(CASES)
 WITH_LR = [n for n in NAMES if "learning_rate" in CASES[n].kwargs]
@@ -175,9 +216,11 @@ WITH_REFERENCE = [n for n in NAMES if CASES[n].reference is not None]
 
 def test_the_table_covers_every_public_factory():
   public = {
-      name for name in stiefax.__all__
-      if callable(getattr(stiefax, name)) and not isinstance(getattr(stiefax, name), type)
-      and name[0].islower()
+    name
+    for name in stiefax.__all__
+    if callable(getattr(stiefax, name))
+    and not isinstance(getattr(stiefax, name), type)
+    and name[0].islower()
   }
   covered = {case.factory.__name__ for case in CASES.values()}
   assert public <= covered, sorted(public - covered)
@@ -197,12 +240,16 @@ def _frames(seed: int) -> np.ndarray:
 def make_params(kind: str, dtype=jnp.float32, seed: int = 0) -> dict:
   rng = np.random.default_rng(seed + 100)
   if kind == "sphere":  # any leaf works on the sphere: not orthonormal, and a vector
-    return {"query": {"kernel": jnp.asarray(1.5 * rng.standard_normal((D, H, R)), dtype)},
-            "dense": {"bias": jnp.asarray(rng.standard_normal(4), dtype)}}
+    return {
+      "query": {"kernel": jnp.asarray(1.5 * rng.standard_normal((D, H, R)), dtype)},
+      "dense": {"bias": jnp.asarray(rng.standard_normal(4), dtype)},
+    }
   params = {"query": {"kernel": jnp.asarray(_frames(seed), dtype)}}
   if kind == "model":
-    params["dense"] = {"kernel": jnp.asarray(rng.standard_normal((4, 4)), dtype),
-                       "bias": jnp.asarray(rng.standard_normal(4), dtype)}
+    params["dense"] = {
+      "kernel": jnp.asarray(rng.standard_normal((4, 4)), dtype),
+      "bias": jnp.asarray(rng.standard_normal(4), dtype),
+    }
   return params
 
 
@@ -212,7 +259,8 @@ def make_grads(params, key, scale=1.0):
   keys = jax.random.split(key, len(leaves) + 1)
   s = scale * jnp.exp(jax.random.normal(keys[-1], ()))
   return treedef.unflatten(
-      [(s * jax.random.normal(k, x.shape)).astype(x.dtype) for k, x in zip(keys, leaves)])
+    [(s * jax.random.normal(k, x.shape)).astype(x.dtype) for k, x in zip(keys, leaves)]
+  )
 
 
 def frame_leaf(tree):
@@ -276,7 +324,7 @@ def stepped(name: str):
   out, state = params, JIT(tx.init)(params)
   for i in range(0, STEPS, 2):
     grads = [make_grads(out, jax.random.key(100 + i + j), 0.1) for j in range(2)]
-    out, state = steps(out, state, jax.tree.map(lambda *g: jnp.stack(g), *grads), preds[i:i + 2])
+    out, state = steps(out, state, jax.tree.map(lambda *g: jnp.stack(g), *grads), preds[i : i + 2])
   assert steps._cache_size() == 1
   return params, out, tx.init(params), state, int(np.sum(preds))
 
@@ -359,7 +407,8 @@ def test_frames_stay_on_the_manifold(name):
   else:  # each frame keeps its norm (a vector is one frame)
     for a, b, axes in ((w0, w, (0, 2)), (params["dense"]["bias"], out["dense"]["bias"], 0)):
       np.testing.assert_allclose(
-          jnp.sqrt(jnp.sum(b**2, axis=axes)), jnp.sqrt(jnp.sum(a**2, axis=axes)), rtol=1e-5)
+        jnp.sqrt(jnp.sum(b**2, axis=axes)), jnp.sqrt(jnp.sum(a**2, axis=axes)), rtol=1e-5
+      )
 
 
 @pytest.mark.parametrize("name", NAMES)

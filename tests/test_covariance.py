@@ -40,33 +40,33 @@ def brockett(rng):
 
 def action(name, rng):
   return {
-      "left": lambda: cov.left_rotation(orthogonal(rng, D)),
-      "right": lambda: cov.right_rotation(orthogonal(rng, R)),
-      "rescale": lambda: cov.rescale(3.0),
-      "loss": lambda: cov.gradient_scale(1e3),
+    "left": lambda: cov.left_rotation(orthogonal(rng, D)),
+    "right": lambda: cov.right_rotation(orthogonal(rng, R)),
+    "rescale": lambda: cov.rescale(3.0),
+    "loss": lambda: cov.gradient_scale(1e3),
   }[name]()
 
 
 OPTIMIZERS = {
-    "radam": lambda: stiefax.riemannian_adam(eps=0.0),
-    "radam-elementwise": lambda: stiefax.riemannian_adam(0.03, eps=0.0, moment="elementwise"),
-    "adamw": lambda: optax.adamw(1e-2, eps=0.0, weight_decay=0.1),
-    "sgd": lambda: optax.sgd(1e-2),
-    "hyperball": lambda: stiefax.hyperball_adam(eps=0.0),
-    "hyperball-absolute": lambda: stiefax.hyperball_adam(eps=0.0, relative=False),
+  "radam": lambda: stiefax.riemannian_adam(eps=0.0),
+  "radam-elementwise": lambda: stiefax.riemannian_adam(0.03, eps=0.0, moment="elementwise"),
+  "adamw": lambda: optax.adamw(1e-2, eps=0.0, weight_decay=0.1),
+  "sgd": lambda: optax.sgd(1e-2),
+  "hyperball": lambda: stiefax.hyperball_adam(eps=0.0),
+  "hyperball-absolute": lambda: stiefax.hyperball_adam(eps=0.0, relative=False),
 }
 
 # (optimizer, action, covariant?): each covariant claim has a failing control.
 CLAIMS = [
-    ("radam", "left", True),
-    ("radam-elementwise", "left", False),
-    ("radam", "right", True),
-    ("radam-elementwise", "right", False),
-    ("radam", "loss", True),
-    ("sgd", "loss", False),
-    ("adamw", "rescale", False),
-    ("hyperball", "rescale", True),
-    ("hyperball-absolute", "rescale", False),
+  ("radam", "left", True),
+  ("radam-elementwise", "left", False),
+  ("radam", "right", True),
+  ("radam-elementwise", "right", False),
+  ("radam", "loss", True),
+  ("sgd", "loss", False),
+  ("adamw", "rescale", False),
+  ("hyperball", "rescale", True),
+  ("hyperball-absolute", "rescale", False),
 ]
 
 
@@ -94,9 +94,11 @@ def test_covariance_violation_is_measured_along_the_trajectory(x64, rng):
 def test_actions_invert_and_respect_labels(x64, rng):
   params = {"query": {"kernel": kernel(rng)}, "value": {"kernel": kernel(rng)}}
   labels = stiefax.flax.qk_labels(params)
-  for act in (cov.left_rotation(orthogonal(rng, D), labels=labels),
-              cov.right_rotation(orthogonal(rng, R), labels=labels),
-              cov.rescale(2.5, labels=labels)):
+  for act in (
+    cov.left_rotation(orthogonal(rng, D), labels=labels),
+    cov.right_rotation(orthogonal(rng, R), labels=labels),
+    cov.rescale(2.5, labels=labels),
+  ):
     moved = act(params)
     back = act.inverse(moved)
     assert float(jnp.max(jnp.abs(back["query"]["kernel"] - params["query"]["kernel"]))) < 1e-14
@@ -120,7 +122,9 @@ def test_joint_right_rotation_is_a_symmetry_of_attention(x64, rng):
 
   r = orthogonal(rng, R)
   joint = cov.right_rotation(r)
-  q_only = cov.right_rotation(r, labels={"query": {"kernel": "stiefel"}, "key": {"kernel": "adamw"}})
+  q_only = cov.right_rotation(
+    r, labels={"query": {"kernel": "stiefel"}, "key": {"kernel": "adamw"}}
+  )
   assert float(jnp.max(jnp.abs(logits(joint(params)) - logits(params)))) < 1e-12
   assert float(jnp.max(jnp.abs(logits(q_only(params)) - logits(params)))) > 1e-2
 
@@ -203,9 +207,11 @@ def test_update_summary_groups():
   assert groups == {"frames", "matrices", "vectors"}
   assert all(v.shape == () for v in stats.values())
   per_frame = cov.effective_learning_rate(
-      params["params"]["query"]["kernel"], new["params"]["query"]["kernel"], FrameSpec())
+    params["params"]["query"]["kernel"], new["params"]["query"]["kernel"], FrameSpec()
+  )
   per_frame_k = cov.effective_learning_rate(
-      params["params"]["key"]["kernel"], new["params"]["key"]["kernel"], FrameSpec())
+    params["params"]["key"]["kernel"], new["params"]["key"]["kernel"], FrameSpec()
+  )
   expected = jnp.mean(jnp.concatenate([per_frame.tangential, per_frame_k.tangential]))
   assert float(stats["frames/elr"]) == pytest.approx(float(expected), rel=1e-6)
   # The frames' ELR is the cap (tau = 0.1); AdamW's matrices move by ~1e-2 instead.
@@ -224,13 +230,15 @@ def frame_norms(w):
   return jnp.sqrt(jnp.sum(w * w, axis=(0, 2)))
 
 
-@pytest.mark.parametrize("name", ["sphere_project", "sphere_retract", "sphere_moment", "hyperball_adam"])
+@pytest.mark.parametrize(
+  "name", ["sphere_project", "sphere_retract", "sphere_moment", "hyperball_adam"]
+)
 def test_sphere_update_without_params_is_a_clear_error(name):
   tx = {
-      "sphere_project": stiefax.sphere_project,
-      "sphere_retract": stiefax.sphere_retract,
-      "sphere_moment": sphere.sphere_moment,
-      "hyperball_adam": stiefax.hyperball_adam,
+    "sphere_project": stiefax.sphere_project,
+    "sphere_retract": stiefax.sphere_retract,
+    "sphere_moment": sphere.sphere_moment,
+    "hyperball_adam": stiefax.hyperball_adam,
   }[name]()
   w = jnp.ones((4, 2, 3))
   first = "sphere_project" if name == "hyperball_adam" else name  # the chain's first step
@@ -254,8 +262,9 @@ def test_hyperball_keeps_each_frame_norm_over_many_steps(x64, rng):
   assert abs(float(jnp.linalg.norm(p["v"]) - jnp.linalg.norm(vec))) < 1e-12
   assert float(jnp.max(jnp.abs(p["w"] - w0))) > 0.1  # it moved
   # Control: the same steps without the retraction leave the sphere.
-  drift = optax.chain(*[stiefax.sphere_project(), sphere.sphere_moment(),
-                        optax.scale_by_learning_rate(0.3)])
+  drift = optax.chain(
+    *[stiefax.sphere_project(), sphere.sphere_moment(), optax.scale_by_learning_rate(0.3)]
+  )
   s, q = drift.init(params), params
   for _ in range(10):
     u, s = drift.update(jax.grad(loss)(q), s, q)
@@ -332,18 +341,36 @@ def test_sphere_project_is_tangent_and_kills_decay(x64, rng):
 
 
 def test_covariance_command_prints_the_table(capsys):
-  argv = ["covariance", "--steps", "4", "--heads", "1", "--d", "4", "--r", "2",
-          "--trials", "1", "--optimizers", "adam,radam,hyperball", "--problems", "brockett",
-          "--actions", "left,rescale"]
+  argv = [
+    "covariance",
+    "--steps",
+    "4",
+    "--heads",
+    "1",
+    "--d",
+    "4",
+    "--r",
+    "2",
+    "--trials",
+    "1",
+    "--optimizers",
+    "adam,radam,hyperball",
+    "--problems",
+    "brockett",
+    "--actions",
+    "left,rescale",
+  ]
   assert cli.main(argv) == 0
   out = capsys.readouterr().out
   rows = {}
   for line in out.splitlines():
     for label in ("optax.adam(1e-2)", "riemannian_adam (B2)", "hyperball_adam"):
       if line.strip().startswith(label):
-        rows[label] = line.strip()[len(label):].split()
+        rows[label] = line.strip()[len(label) :].split()
   assert "left O(d)" in out and "rescale x3" in out
-  adam, radam, hyper = (rows[k] for k in ("optax.adam(1e-2)", "riemannian_adam (B2)", "hyperball_adam"))
+  adam, radam, hyper = (
+    rows[k] for k in ("optax.adam(1e-2)", "riemannian_adam (B2)", "hyperball_adam")
+  )
   assert float(adam[0]) > 1e-3 and float(radam[0]) < 1e-12  # left O(d)
   assert radam[1] == "n/a" and float(hyper[1]) < 1e-12  # rescale
   assert float(adam[1]) > 1e-3
@@ -359,16 +386,18 @@ def test_covariance_command_rejects_unknown_names(capsys):
 def test_reference_elr_schedule_recursion_and_errors(x64):
   ref = cov.reference_elr_schedule(1e-2, 0.1, 50, 0.05, update_rms=0.2)
   eta = 1e-2 * (1 - np.arange(50) / 50)
-  rms2 = 0.05 ** 2
+  rms2 = 0.05**2
   for t in range(50):  # the recursion of the docstring, step by step
     np.testing.assert_allclose(ref.weight_rms[t], np.sqrt(rms2), rtol=1e-12)
     np.testing.assert_allclose(ref.elr[t], eta[t] * 0.2 / np.sqrt(rms2), rtol=1e-12)
     rms2 = (1 - eta[t] * 0.1) ** 2 * rms2 + (eta[t] * 0.2) ** 2
   per_step = cov.reference_elr_schedule(1e-2, 0.1, 50, 0.05, update_rms=np.full(50, 0.2))
   np.testing.assert_allclose(per_step.elr, ref.elr)
-  for kwargs, match in ((dict(learning_rate=0.0), "learning_rate must be > 0"),
-                        (dict(weight_decay=-1.0), "weight_decay must be >= 0"),
-                        (dict(steps=0), "steps must be a positive int")):
+  for kwargs, match in (
+    (dict(learning_rate=0.0), "learning_rate must be > 0"),
+    (dict(weight_decay=-1.0), "weight_decay must be >= 0"),
+    (dict(steps=0), "steps must be a positive int"),
+  ):
     args = dict(learning_rate=1e-2, weight_decay=0.1, steps=10, init_rms=0.1) | kwargs
     with pytest.raises(ValueError, match=match):
       cov.reference_elr_schedule(**args)
@@ -381,12 +410,12 @@ def test_reference_elr_schedule_has_the_shape_of_a_real_adamw_run():
   elr, u_rms, _, init_rms = elr_reference.measure_adamw_elr(3e-2, 0.1, steps, 32)
   ref = cov.reference_elr_schedule(3e-2, 0.1, steps, init_rms)
   # The premise: Adam's update RMS is about 0.2 once gradients are noisy (step 0 is ~1).
-  assert 0.1 < float(np.median(u_rms[steps // 4: 3 * steps // 4])) < 0.4
+  assert 0.1 < float(np.median(u_rms[steps // 4 : 3 * steps // 4])) < 0.4
   assert u_rms[0] > 0.9
   # The shape: high start, decline, to zero with the rate (the level is not fitted).
   corr, _, _ = elr_reference.fit(elr, ref.elr)
   assert corr > 0.8, corr
   for curve in (elr, ref.elr):
-    assert np.mean(curve[-5:]) < 0.1 * np.mean(curve[steps // 4 - 5: steps // 4 + 5])
+    assert np.mean(curve[-5:]) < 0.1 * np.mean(curve[steps // 4 - 5 : steps // 4 + 5])
   # Control: a schedule of the opposite shape does not fit.
   assert elr_reference.fit(elr, ref.elr[::-1])[0] < 0

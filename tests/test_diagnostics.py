@@ -2,17 +2,19 @@
 
 import math
 
+from flax import linen as nn
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import linen as nn
-from flax import nnx
 
 import stiefax
 from stiefax import FrameSpec
-from stiefax.diagnostics import equivariance_violation, gauge_content, step_statistics
+from stiefax.diagnostics import equivariance_violation
+from stiefax.diagnostics import gauge_content
+from stiefax.diagnostics import step_statistics
 from stiefax.experiments import cli
 from tests import reference as ref
 
@@ -37,8 +39,8 @@ def heads(x):
 def linen_attention_grads(seed=0):
   """Query/key kernels and their gradient in a linen attention layer (float64)."""
   model = nn.MultiHeadDotProductAttention(
-      num_heads=H, qkv_features=H * R, use_bias=False, dtype=jnp.float64,
-      param_dtype=jnp.float64)
+    num_heads=H, qkv_features=H * R, use_bias=False, dtype=jnp.float64, param_dtype=jnp.float64
+  )
   x = jax.random.normal(jax.random.key(seed), (2, 5, D), jnp.float64)
   params = stiefax.flax.project_params(model.init(jax.random.key(1), x), stiefax.flax.qk_labels)
   c = jax.random.normal(jax.random.key(2), (2, 5, D), jnp.float64)
@@ -66,8 +68,9 @@ def test_gauge_content_equals_explicit_orthogonal_projections(x64, rng):
   n_skew = R * (R - 1) // 2
   for h in range(H):
     Wq, Wk, Gq, Gk = (heads(a)[h] for a in (wq, wk, gq, gk))
-    tangent = np.sqrt(np.sum(ref.stiefel_project(Wq, Gq) ** 2)
-                      + np.sum(ref.stiefel_project(Wk, Gk) ** 2))
+    tangent = np.sqrt(
+      np.sum(ref.stiefel_project(Wq, Gq) ** 2) + np.sum(ref.stiefel_project(Wk, Gk) ** 2)
+    )
     basis = []  # orbit directions (W_Q E, W_K E) for the skew basis E
     for i, j in zip(*np.triu_indices(R, 1)):
       e = np.zeros((R, R))
@@ -78,8 +81,10 @@ def test_gauge_content_equals_explicit_orthogonal_projections(x64, rng):
     g = np.concatenate([Gq.ravel(), Gk.ravel()])
     coef = np.linalg.lstsq(basis, g, rcond=None)[0]
     np.testing.assert_allclose(gc.joint[h], np.linalg.norm(basis @ coef) / tangent, rtol=1e-10)
-    per_frame = np.sqrt(np.sum((Wq @ ref.sym(Wq.T @ Gq) - Wq @ (Wq.T @ Gq)) ** 2)
-                        + np.sum((Wk @ (Wk.T @ Gk - ref.sym(Wk.T @ Gk))) ** 2))
+    per_frame = np.sqrt(
+      np.sum((Wq @ ref.sym(Wq.T @ Gq) - Wq @ (Wq.T @ Gq)) ** 2)
+      + np.sum((Wk @ (Wk.T @ Gk - ref.sym(Wk.T @ Gk))) ** 2)
+    )
     np.testing.assert_allclose(gc.per_frame[h], per_frame / tangent, rtol=1e-10)
 
 
@@ -93,8 +98,10 @@ def test_per_frame_fraction_of_a_random_tangent_is_about_a_quarter(rng):
   assert abs(float(jnp.mean(gc.per_frame)) - expected) < 0.02
   assert 0.15 < float(jnp.mean(gc.joint)) < 0.21  # sqrt((r-1)/(4(d-r)+2(r-1))) = 0.177
   # Control: a horizontal (Grassmann-projected) gradient has no per-frame content.
-  hq, hk = (stiefax.geometry.grassmann_project(jnp.swapaxes(w, 0, 1), jnp.swapaxes(g, 0, 1))
-            for w, g in ((wq, gq), (wk, gk)))
+  hq, hk = (
+    stiefax.geometry.grassmann_project(jnp.swapaxes(w, 0, 1), jnp.swapaxes(g, 0, 1))
+    for w, g in ((wq, gq), (wk, gk))
+  )
   flat = gauge_content(wq, wk, jnp.swapaxes(hq, 0, 1), jnp.swapaxes(hk, 0, 1))
   assert float(jnp.max(flat.per_frame)) < 1e-5
 
@@ -122,8 +129,9 @@ def test_gauge_content_jit_stacked_frames_and_errors(rng):
 def test_equivariance_violation_adam_elementwise_corrected(x64):
   key = jax.random.key(0)
   adam = float(equivariance_violation(optax.adamw(1e-2, weight_decay=0.0), key=key))
-  naive = float(equivariance_violation(
-      stiefax.riemannian_adam(0.03, moment="elementwise"), key=key))
+  naive = float(
+    equivariance_violation(stiefax.riemannian_adam(0.03, moment="elementwise"), key=key)
+  )
   corrected_tx = stiefax.riemannian_adam()
   corrected = float(equivariance_violation(corrected_tx, key=key))
   assert adam > 0.1  # of the order of W itself
@@ -145,8 +153,12 @@ def test_equivariance_command(capsys):
     parts = line.rsplit(None, 2)
     if len(parts) == 3 and parts[2] in ("yes", "no"):
       rows[parts[0].strip()] = float(parts[1])
-  assert set(rows) == {"AdamW (decay 0)", "Riemannian Adam, elementwise v",
-                       "Riemannian Adam, scalar v (B2)", "Riemannian SGD (PA16)"}
+  assert set(rows) == {
+    "AdamW (decay 0)",
+    "Riemannian Adam, elementwise v",
+    "Riemannian Adam, scalar v (B2)",
+    "Riemannian SGD (PA16)",
+  }
   assert rows["AdamW (decay 0)"] > 0.1
   assert rows["Riemannian Adam, elementwise v"] > 1e-6
   assert rows["Riemannian Adam, scalar v (B2)"] < 1e-12
@@ -162,8 +174,9 @@ def test_equivariance_command(capsys):
 
 def check_stats(stats, old, new, grads):
   """``stats[path]`` against a float64 NumPy computation on the leaves."""
-  flat = {"/".join(stiefax.flax.path_names(p)): x
-          for p, x in jax.tree_util.tree_flatten_with_path(old)[0]}
+  flat = {
+    "/".join(stiefax.flax.path_names(p)): x for p, x in jax.tree_util.tree_flatten_with_path(old)[0]
+  }
   flat_new = dict(zip(flat, jax.tree.leaves(new)))
   flat_g = dict(zip(flat, jax.tree.leaves(grads)))
   for name, s in stats.items():
@@ -177,7 +190,6 @@ def check_stats(stats, old, new, grads):
 
 
 class LinenBlock(nn.Module):
-
   @nn.compact
   def __call__(self, x):
     for _ in range(2):
@@ -195,19 +207,24 @@ def test_step_statistics_linen_under_jit():
   updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
   new = optax.apply_updates(params, updates)
   stats = jax.jit(lambda o, n, g: step_statistics(o, n, g, stiefax.flax.qk_labels))(
-      params, new, grads)
-  assert sorted(stats) == [f"params/MultiHeadDotProductAttention_{i}/{m}/kernel"
-                           for i in (0, 1) for m in ("key", "query")]
+    params, new, grads
+  )
+  assert sorted(stats) == [
+    f"params/MultiHeadDotProductAttention_{i}/{m}/kernel" for i in (0, 1) for m in ("key", "query")
+  ]
   assert all(s.ratio.shape == (2,) for s in stats.values())
   check_stats(stats, params, new, grads)
 
 
 class NnxBlock(nnx.Module):
-
   def __init__(self, rngs):
     self.attn = nnx.MultiHeadAttention(
-        num_heads=2, in_features=8, decode=False, rngs=rngs,
-        kernel_init=stiefax.flax.orthonormal_init())
+      num_heads=2,
+      in_features=8,
+      decode=False,
+      rngs=rngs,
+      kernel_init=stiefax.flax.orthonormal_init(),
+    )
     self.head = nnx.Linear(8, 3, rngs=rngs)
 
   def __call__(self, x):
@@ -228,8 +245,7 @@ def test_step_statistics_nnx_under_jit():
 
   grads = nnx.as_pure(train_step(model, optimizer))
   new = nnx.as_pure(nnx.state(model, nnx.Param))
-  stats = jax.jit(lambda o, n, g: step_statistics(o, n, g, stiefax.flax.qk_labels))(
-      old, new, grads)
+  stats = jax.jit(lambda o, n, g: step_statistics(o, n, g, stiefax.flax.qk_labels))(old, new, grads)
   assert sorted(stats) == ["attn/key/kernel", "attn/query/kernel"]
   check_stats(stats, old, new, grads)
 
@@ -272,9 +288,13 @@ def test_step_statistics_edge_cases_and_errors(rng):
 
 
 def test_isometry_error_with_labels(rng):
-  params = {"attn": {"query": {"kernel": kernel(rng, dtype=np.float32)},
-                     "key": {"kernel": kernel(rng, dtype=np.float32)},
-                     "value": {"kernel": 3.0 * kernel(rng, dtype=np.float32)}}}
+  params = {
+    "attn": {
+      "query": {"kernel": kernel(rng, dtype=np.float32)},
+      "key": {"kernel": kernel(rng, dtype=np.float32)},
+      "value": {"kernel": 3.0 * kernel(rng, dtype=np.float32)},
+    }
+  }
   labels = stiefax.flax.qk_labels(params)
   assert float(stiefax.diagnostics.isometry_error(params, stiefax.flax.qk_labels)) < 1e-5
   assert float(stiefax.diagnostics.isometry_error(params, labels)) < 1e-5
@@ -282,7 +302,8 @@ def test_isometry_error_with_labels(rng):
   bumped = jax.tree.map(lambda x: x, params)
   bumped["attn"]["query"]["kernel"] = 1.01 * params["attn"]["query"]["kernel"]
   np.testing.assert_allclose(
-      float(stiefax.diagnostics.isometry_error(bumped, labels)), 1.01**2 - 1, rtol=1e-3)
+    float(stiefax.diagnostics.isometry_error(bumped, labels)), 1.01**2 - 1, rtol=1e-3
+  )
   none = jax.tree.map(lambda _: "adamw", labels)
   with pytest.raises(ValueError, match="no leaf of the params is labelled 'stiefel'"):
     stiefax.diagnostics.isometry_error(params, none)  # never 0.0 for nothing measured

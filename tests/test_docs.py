@@ -35,8 +35,18 @@ def hook():
 
 
 @pytest.mark.parametrize(
-    "module", ["mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python",
-               "mkdocs_jupyter", "griffe", "ipykernel", "nbconvert"])
+  "module",
+  [
+    "mkdocs",
+    "material",
+    "mkdocstrings",
+    "mkdocstrings_handlers.python",
+    "mkdocs_jupyter",
+    "griffe",
+    "ipykernel",
+    "nbconvert",
+  ],
+)
 def test_docs_extra_is_installed(module):
   try:
     importlib.import_module(module)
@@ -89,7 +99,10 @@ def test_docstring_check_rejects_incomplete_docstrings(hook):
     """
 
   assert hook.docstring_problems(bare) == [
-      "an Example (>>>)", "an Args: section", "a Returns: section"]
+    "an Example (>>>)",
+    "an Args: section",
+    "a Returns: section",
+  ]
   assert hook.docstring_problems(no_returns) == ["a Returns: section"]
   assert hook.docstring_problems(complete) == []
   assert hook.docstring_problems(Plain) == ["an example (>>>) or an Attributes: section"]
@@ -117,14 +130,28 @@ def test_notebooks_are_stored_without_outputs():
 @pytest.mark.timeout(600)
 def test_strict_build_executes_the_notebooks(tmp_path):
   site = tmp_path / "site"
-  env = dict(os.environ, JAX_PLATFORMS="cpu", NO_MKDOCS_2_WARNING="1",
-             PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    NO_MKDOCS_2_WARNING="1",
+    PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+  )
   proc = subprocess.run(
-      [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+    [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=540,
+  )
   assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
-  for page in ("index.html", "concepts/index.html", "api/stiefax/index.html",
-               "api/certificates/index.html", "reproduction/index.html"):
+  for page in (
+    "index.html",
+    "concepts/index.html",
+    "api/stiefax/index.html",
+    "api/certificates/index.html",
+    "reproduction/index.html",
+  ):
     assert (site / page).is_file(), page
   api = (site / "api" / "stiefax" / "index.html").read_text()
   assert "stiefax.riemannian_adam" in api and "stiefax.FrameSpec" in api
@@ -138,7 +165,8 @@ def test_strict_build_executes_the_notebooks(tmp_path):
 
 def _griffe_extension():
   spec = importlib.util.spec_from_file_location(
-      "griffe_examples", ROOT / "docs" / "hooks" / "griffe_examples.py")
+    "griffe_examples", ROOT / "docs" / "hooks" / "griffe_examples.py"
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -147,13 +175,15 @@ def _griffe_extension():
 def test_sphinx_roles_become_cross_references():
   ext = _griffe_extension()
   text = ext.markdown_docstring(
-      "Use :func:`qk_labels` and :class:`stiefax.FrameSpec` (see :meth:`FrameSpec.rest`,"
-      " :func:`~stiefax.geometry.polar`, :func:`jax.numpy.linalg.svd`)::\n\n    code::\n",
-      "stiefax.flax")
+    "Use :func:`qk_labels` and :class:`stiefax.FrameSpec` (see :meth:`FrameSpec.rest`,"
+    " :func:`~stiefax.geometry.polar`, :func:`jax.numpy.linalg.svd`)::\n\n    code::\n",
+    "stiefax.flax",
+  )
   assert text == (
-      "Use [`qk_labels`][stiefax.flax.qk_labels] and [`stiefax.FrameSpec`][stiefax.FrameSpec]"
-      " (see [`FrameSpec.rest`][stiefax.FrameSpec.rest], [`polar`][stiefax.geometry.polar],"
-      " `jax.numpy.linalg.svd`):\n\n    code:\n")
+    "Use [`qk_labels`][stiefax.flax.qk_labels] and [`stiefax.FrameSpec`][stiefax.FrameSpec]"
+    " (see [`FrameSpec.rest`][stiefax.FrameSpec.rest], [`polar`][stiefax.geometry.polar],"
+    " `jax.numpy.linalg.svd`):\n\n    code:\n"
+  )
   # Doctest lines keep their text.
   assert ext.markdown_docstring('  >>> print("a::")\n', "stiefax") == '  >>> print("a::")\n'
 

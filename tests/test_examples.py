@@ -11,8 +11,12 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 SCRIPTS = (
-    "quickstart.py", "linen_vit.py", "nnx_transformer.py", "custom_frames.py",
-    "sharded_heads.py", "decoder_lm.py",
+  "quickstart.py",
+  "linen_vit.py",
+  "nnx_transformer.py",
+  "custom_frames.py",
+  "sharded_heads.py",
+  "decoder_lm.py",
 )
 _SCI = re.compile(r"([0-9.]+e[-+][0-9]+)")
 
@@ -23,9 +27,10 @@ def isometry_errors(name, text):
     rows = [l for l in text.splitlines() if l.startswith(("A2", "B2"))]
     return [float(l.split()[-1]) for l in rows]
   return [
-      float(v)
-      for line in text.splitlines() if "isometry" in line
-      for v in _SCI.findall(line.split("isometry", 1)[1])
+    float(v)
+    for line in text.splitlines()
+    if "isometry" in line
+    for v in _SCI.findall(line.split("isometry", 1)[1])
   ]
 
 
@@ -34,10 +39,15 @@ def runs():
   """Every script with --steps 3, started together (they are mostly start-up time)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
   procs = {
-      name: subprocess.Popen(
-          [sys.executable, str(EXAMPLES / name), "--steps", "3"],
-          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-      for name in SCRIPTS
+    name: subprocess.Popen(
+      [sys.executable, str(EXAMPLES / name), "--steps", "3"],
+      cwd=ROOT,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for name in SCRIPTS
   }
   out = {}
   for name, proc in procs.items():

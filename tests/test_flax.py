@@ -1,12 +1,12 @@
 """Flax linen and nnx integration: labels, initializers, and training end to end."""
 
+from flax import linen as nn
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import linen as nn
-from flax import nnx
 
 import stiefax
 from stiefax import FrameSpec
@@ -31,13 +31,16 @@ class LinenEncoder(nn.Module):
 
 
 class NnxEncoder(nnx.Module):
-
   def __init__(self, rngs, d=16, heads=2):
     self.embed = nnx.Linear(4, d, rngs=rngs)
     self.norm = nnx.LayerNorm(d, rngs=rngs)
     self.attn = nnx.MultiHeadAttention(
-        num_heads=heads, in_features=d, decode=False, rngs=rngs,
-        kernel_init=stiefax.flax.orthonormal_init())
+      num_heads=heads,
+      in_features=d,
+      decode=False,
+      rngs=rngs,
+      kernel_init=stiefax.flax.orthonormal_init(),
+    )
     self.head = nnx.Linear(d, 3, rngs=rngs)
 
   def __call__(self, x):
@@ -59,23 +62,33 @@ def xent(logits, y):
 def test_qk_labels_linen_paths():
   params = LinenEncoder().init(jax.random.key(0), toy_data()[0])
   labels = stiefax.flax.qk_labels(params)
-  flat = {"/".join(stiefax.flax.path_names(p)): l
-          for p, l in jax.tree_util.tree_flatten_with_path(labels)[0]}
+  flat = {
+    "/".join(stiefax.flax.path_names(p)): l
+    for p, l in jax.tree_util.tree_flatten_with_path(labels)[0]
+  }
   frames = sorted(k for k, l in flat.items() if l == "stiefel")
   assert frames == [
-      "params/MultiHeadDotProductAttention_0/key/kernel",
-      "params/MultiHeadDotProductAttention_0/query/kernel",
-      "params/MultiHeadDotProductAttention_1/key/kernel",
-      "params/MultiHeadDotProductAttention_1/query/kernel",
+    "params/MultiHeadDotProductAttention_0/key/kernel",
+    "params/MultiHeadDotProductAttention_0/query/kernel",
+    "params/MultiHeadDotProductAttention_1/key/kernel",
+    "params/MultiHeadDotProductAttention_1/query/kernel",
   ]
 
 
 def test_qk_labels_match_whole_names_only():
-  tree = {"my_query": {"kernel": 0}, "key": {"bias": 0, "kernel": 0}, "value": {"kernel": 0},
-          "query": {"kernel": 0, "sub": {"kernel": 0}}}
+  tree = {
+    "my_query": {"kernel": 0},
+    "key": {"bias": 0, "kernel": 0},
+    "value": {"kernel": 0},
+    "query": {"kernel": 0, "sub": {"kernel": 0}},
+  }
   labels = stiefax.flax.qk_labels(tree)
-  assert labels == {"my_query": {"kernel": "adamw"}, "key": {"bias": "adamw", "kernel": "stiefel"},
-                    "value": {"kernel": "adamw"}, "query": {"kernel": "stiefel", "sub": {"kernel": "adamw"}}}
+  assert labels == {
+    "my_query": {"kernel": "adamw"},
+    "key": {"bias": "adamw", "kernel": "stiefel"},
+    "value": {"kernel": "adamw"},
+    "query": {"kernel": "stiefel", "sub": {"kernel": "adamw"}},
+  }
 
 
 def test_qk_labels_nnx_init_and_update_paths():
@@ -110,10 +123,14 @@ def test_project_params_and_penalty(rng):
   w = np.transpose(np.asarray(kernel, np.float64), (1, 0, 2))
   u, _, vt = np.linalg.svd(w, full_matrices=False)
   np.testing.assert_allclose(
-      np.transpose(snapped["params"]["MultiHeadDotProductAttention_0"]["query"]["kernel"], (1, 0, 2)),
-      u @ vt, atol=1e-5)
+    np.transpose(snapped["params"]["MultiHeadDotProductAttention_0"]["query"]["kernel"], (1, 0, 2)),
+    u @ vt,
+    atol=1e-5,
+  )
   v0 = params["params"]["MultiHeadDotProductAttention_0"]["value"]["kernel"]
-  np.testing.assert_array_equal(snapped["params"]["MultiHeadDotProductAttention_0"]["value"]["kernel"], v0)
+  np.testing.assert_array_equal(
+    snapped["params"]["MultiHeadDotProductAttention_0"]["value"]["kernel"], v0
+  )
   # The penalty is differentiable and pulls toward the manifold.
   g = jax.grad(stiefax.flax.orthogonality_penalty)(params)
   assert float(jnp.abs(g["params"]["MultiHeadDotProductAttention_0"]["query"]["kernel"]).max()) > 0
@@ -123,8 +140,9 @@ def _linen_setup(polar):
   model = LinenEncoder()
   x, y = toy_data()
   params = stiefax.flax.project_params(model.init(jax.random.key(1), x))
-  tx = stiefax.stiefel_adamw(1e-2, weight_decay=0.01,
-                             stiefel=stiefax.riemannian_adam(0.5, polar=polar))
+  tx = stiefax.stiefel_adamw(
+    1e-2, weight_decay=0.01, stiefel=stiefax.riemannian_adam(0.5, polar=polar)
+  )
 
   def step(carry, _):
     params, state = carry
@@ -177,9 +195,14 @@ def test_nnx_optimizer_trains_and_keeps_frames():
 
 
 def test_qk_labels_raise_on_unrecognized_attention_names():
-  tree = {"blocks_0": {"self_attn": {"wq": {"kernel": jnp.ones((8, 2, 4))},
-                                     "wk": {"kernel": jnp.ones((8, 2, 4))}}}}
-  with pytest.raises(ValueError, match=r"selects no frame.*blocks_0/self_attn/wq/kernel \(8, 2, 4\)"):
+  tree = {
+    "blocks_0": {
+      "self_attn": {"wq": {"kernel": jnp.ones((8, 2, 4))}, "wk": {"kernel": jnp.ones((8, 2, 4))}}
+    }
+  }
+  with pytest.raises(
+    ValueError, match=r"selects no frame.*blocks_0/self_attn/wq/kernel \(8, 2, 4\)"
+  ):
     stiefax.flax.qk_labels(tree)
   with pytest.raises(ValueError, match="selects no frame"):  # a wrong modules= too
     stiefax.flax.qk_labels(tree, modules=("w_q", "w_k"))

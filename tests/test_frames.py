@@ -6,14 +6,14 @@ from stiefax import FrameSpec
 
 
 @pytest.mark.parametrize(
-    "spec, shape, expected",
-    [
-        (FrameSpec(), (16, 4), ((), 16, 4)),
-        (FrameSpec(), (16, 3, 4), ((3,), 16, 4)),
-        (FrameSpec(col_axes=(-2, -1)), (16, 3, 4), ((), 16, 12)),
-        (FrameSpec(row_axis=1), (2, 16, 3, 4), ((2, 3), 16, 4)),
-        (FrameSpec(row_axis=-1, col_axes=(0,)), (4, 16), ((), 16, 4)),
-    ],
+  "spec, shape, expected",
+  [
+    (FrameSpec(), (16, 4), ((), 16, 4)),
+    (FrameSpec(), (16, 3, 4), ((3,), 16, 4)),
+    (FrameSpec(col_axes=(-2, -1)), (16, 3, 4), ((), 16, 12)),
+    (FrameSpec(row_axis=1), (2, 16, 3, 4), ((2, 3), 16, 4)),
+    (FrameSpec(row_axis=-1, col_axes=(0,)), (4, 16), ((), 16, 4)),
+  ],
 )
 def test_frame_shape_and_round_trip(spec, shape, expected):
   assert spec.frame_shape(shape) == expected
@@ -52,10 +52,10 @@ def test_missing_axis_is_a_clear_error():
 
 def test_is_contiguous_says_when_to_frames_is_a_reshape():
   for spec, shape, contiguous in [
-      (FrameSpec(), (12, 3, 4), False),  # (d, H, r): heads between rows and columns
-      (FrameSpec(row_axis=-2), (3, 12, 4), True),  # (..., d, r)
-      (FrameSpec(row_axis=1, col_axes=(-2, -1)), (2, 12, 3, 4), True),  # block frames
-      (FrameSpec(row_axis=1), (2, 12, 3, 4), False),  # (L, d, H, r) per-head frames
+    (FrameSpec(), (12, 3, 4), False),  # (d, H, r): heads between rows and columns
+    (FrameSpec(row_axis=-2), (3, 12, 4), True),  # (..., d, r)
+    (FrameSpec(row_axis=1, col_axes=(-2, -1)), (2, 12, 3, 4), True),  # block frames
+    (FrameSpec(row_axis=1), (2, 12, 3, 4), False),  # (L, d, H, r) per-head frames
   ]:
     x = jnp.arange(float(np.prod(shape))).reshape(shape)
     assert spec.is_contiguous(x.ndim) == contiguous
@@ -65,19 +65,26 @@ def test_is_contiguous_says_when_to_frames_is_a_reshape():
 
 
 @pytest.mark.parametrize(
-    "spec, shape, expected, index",
-    [
-        # Dense (d, H r): heads split out of the column axis.
-        (FrameSpec(split=(1, (3, -1))), (16, 12), ((3,), 16, 4), lambda x: x.reshape(16, 3, 4)),
-        # Fused (3, H, d, r): q and k slices; non-contiguous q and v too.
-        (FrameSpec(row_axis=2, select=(0, (0, 1))), (3, 2, 16, 4), ((2, 2), 16, 4),
-         lambda x: x[:2]),
-        (FrameSpec(row_axis=2, select=(0, (2, 0))), (3, 2, 16, 4), ((2, 2), 16, 4),
-         lambda x: x[np.array([2, 0])]),
-        # GPT-2 (d, 3 H r): split, then select the q and k thirds.
-        (FrameSpec(split=(1, (3, 2, -1)), select=(1, (0, 1))), (16, 24), ((2, 2), 16, 4),
-         lambda x: x.reshape(16, 3, 2, 4)[:, :2]),
-    ],
+  "spec, shape, expected, index",
+  [
+    # Dense (d, H r): heads split out of the column axis.
+    (FrameSpec(split=(1, (3, -1))), (16, 12), ((3,), 16, 4), lambda x: x.reshape(16, 3, 4)),
+    # Fused (3, H, d, r): q and k slices; non-contiguous q and v too.
+    (FrameSpec(row_axis=2, select=(0, (0, 1))), (3, 2, 16, 4), ((2, 2), 16, 4), lambda x: x[:2]),
+    (
+      FrameSpec(row_axis=2, select=(0, (2, 0))),
+      (3, 2, 16, 4),
+      ((2, 2), 16, 4),
+      lambda x: x[np.array([2, 0])],
+    ),
+    # GPT-2 (d, 3 H r): split, then select the q and k thirds.
+    (
+      FrameSpec(split=(1, (3, 2, -1)), select=(1, (0, 1))),
+      (16, 24),
+      ((2, 2), 16, 4),
+      lambda x: x.reshape(16, 3, 2, 4)[:, :2],
+    ),
+  ],
 )
 def test_split_and_select_view_the_right_entries(spec, shape, expected, index):
   assert spec.frame_shape(shape) == expected
@@ -97,13 +104,13 @@ def test_split_and_select_view_the_right_entries(spec, shape, expected, index):
 
 
 @pytest.mark.parametrize(
-    "spec, shape, match",
-    [
-        (FrameSpec(split=(1, (5, -1))), (16, 12), "not a multiple of 5"),
-        (FrameSpec(split=(1, (5, 3))), (16, 12), "product 15"),
-        (FrameSpec(row_axis=2, select=(0, (3,))), (3, 2, 16, 4), "has size 3"),
-        (FrameSpec(row_axis=2, select=(2, (0,))), (3, 2, 16, 4), "select only along a batch axis"),
-    ],
+  "spec, shape, match",
+  [
+    (FrameSpec(split=(1, (5, -1))), (16, 12), "not a multiple of 5"),
+    (FrameSpec(split=(1, (5, 3))), (16, 12), "product 15"),
+    (FrameSpec(row_axis=2, select=(0, (3,))), (3, 2, 16, 4), "has size 3"),
+    (FrameSpec(row_axis=2, select=(2, (0,))), (3, 2, 16, 4), "select only along a batch axis"),
+  ],
 )
 def test_split_and_select_errors(spec, shape, match):
   with pytest.raises(ValueError, match=match):

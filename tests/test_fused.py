@@ -10,41 +10,42 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import pytest
 from optax import tree_utils as otu
+import pytest
 
 import stiefax
 from stiefax import FrameSpec
-from tests.test_alias import random_grads, trajectory as _trajectory
+from tests.test_alias import random_grads
+from tests.test_alias import trajectory as _trajectory
 from tests.test_transforms import kernel
 
 
 def _max_diff(a, b):
   return max(
-      float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
-      for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+    float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
   )
 
 
 @pytest.mark.filterwarnings("ignore:stiefax.polar_retract")
 @pytest.mark.parametrize("projector", ["stiefel", "grassmann", "canonical"])
 @pytest.mark.parametrize(
-    "kwargs",
-    [
-        dict(),
-        dict(max_norm=None, learning_rate=1e-2),
-        dict(eps=1e-3, b1=0.8, b2=0.95, max_norm=0.3),
-        dict(learning_rate=optax.cosine_decay_schedule(0.5, 10), max_norm=0.05),
-        dict(polar="svd"),
-    ],
-    ids=["default", "no-cap", "grok-eps", "schedule", "svd"],
+  "kwargs",
+  [
+    dict(),
+    dict(max_norm=None, learning_rate=1e-2),
+    dict(eps=1e-3, b1=0.8, b2=0.95, max_norm=0.3),
+    dict(learning_rate=optax.cosine_decay_schedule(0.5, 10), max_norm=0.05),
+    dict(polar="svd"),
+  ],
+  ids=["default", "no-cap", "grok-eps", "schedule", "svd"],
 )
 def test_fused_equals_chain_in_float64(x64, rng, projector, kwargs):
   w0 = kernel(rng)
   grads = random_grads(rng, 25, w0.shape)
   fused, f_state = _trajectory(stiefax.riemannian_adam(projector=projector, **kwargs), w0, grads)
   chain, c_state = _trajectory(
-      stiefax.riemannian_adam(projector=projector, fused=False, **kwargs), w0, grads
+    stiefax.riemannian_adam(projector=projector, fused=False, **kwargs), w0, grads
   )
   assert jax.tree.structure(f_state) == jax.tree.structure(c_state)
   # Rounding differs (shared products, no intermediate casts); 25 steps of it stay
@@ -70,13 +71,13 @@ def test_fused_is_the_chain_structure_and_chain_is_literal(rng):
 
 
 @pytest.mark.parametrize(
-    "frames, shape",
-    [
-        (FrameSpec(row_axis=1), (3, 12, 2, 4)),  # layer-stacked (L, d, H, r)
-        (FrameSpec(col_axes=(-2, -1)), (12, 2, 3)),  # block-orthogonal heads
-        (FrameSpec(row_axis=1), (2, 12, 4)),  # (H, d, r)
-    ],
-    ids=["stacked", "block", "heads-first"],
+  "frames, shape",
+  [
+    (FrameSpec(row_axis=1), (3, 12, 2, 4)),  # layer-stacked (L, d, H, r)
+    (FrameSpec(col_axes=(-2, -1)), (12, 2, 3)),  # block-orthogonal heads
+    (FrameSpec(row_axis=1), (2, 12, 4)),  # (H, d, r)
+  ],
+  ids=["stacked", "block", "heads-first"],
 )
 def test_fused_layouts_in_float64(x64, rng, frames, shape):
   w0 = stiefax.flax.orthonormal_init(frames)(jax.random.key(0), shape, jnp.float64)
@@ -129,6 +130,7 @@ def test_fused_non_finite_learning_rate_is_skipped_by_the_retraction(rng):
 def test_fused_low_precision_close_to_chain(rng, dtype):
   w0 = stiefax.flax.orthonormal_init()(jax.random.key(1), (32, 2, 8), dtype)
   grads = [g.astype(dtype) for g in random_grads(rng, 20, w0.shape, decades=1)]
+
   def final(tx):  # init under jit: a bf16 frame is orthonormal to bf16 rounding only
     state, w = jax.jit(tx.init)(w0), w0
     for g in grads:

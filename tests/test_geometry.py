@@ -10,17 +10,19 @@ METHODS = ["newton_schulz", "eigh", "svd", "qdwh", "auto"]
 
 
 def _tangent_step(rng, w, norm):
-  xi = np.stack([ref.stiefel_project(w[h], rng.standard_normal(w.shape[1:])) for h in range(len(w))])
+  xi = np.stack(
+    [ref.stiefel_project(w[h], rng.standard_normal(w.shape[1:])) for h in range(len(w))]
+  )
   return xi * (norm / np.linalg.norm(xi, axis=(-2, -1), keepdims=True))
 
 
 @pytest.mark.parametrize(
-    "fn, ref_fn",
-    [
-        (geometry.stiefel_project, ref.stiefel_project),
-        (geometry.grassmann_project, ref.grassmann_project),
-        (geometry.canonical_gradient, ref.canonical_gradient),
-    ],
+  "fn, ref_fn",
+  [
+    (geometry.stiefel_project, ref.stiefel_project),
+    (geometry.grassmann_project, ref.grassmann_project),
+    (geometry.canonical_gradient, ref.canonical_gradient),
+  ],
 )
 def test_projections_match_reference_and_are_tangent(x64, rng, fn, ref_fn):
   w = ref.random_frames(rng, (3, 12, 4))

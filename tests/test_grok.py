@@ -20,8 +20,15 @@ from stiefax.experiments import cli
 from stiefax.experiments import grok
 
 TINY = grok.GrokConfig(
-    modulus=23, d_model=32, num_heads=2, head_dim=8, num_layers=1, readout_hidden=32,
-    learning_rate=1e-2, epochs=80, eval_every=20,
+  modulus=23,
+  d_model=32,
+  num_heads=2,
+  head_dim=8,
+  num_layers=1,
+  readout_hidden=32,
+  learning_rate=1e-2,
+  epochs=80,
+  eval_every=20,
 )
 
 
@@ -38,8 +45,9 @@ def tiny_runs(tmp_path_factory):
   with pytest.MonkeyPatch.context() as mp:
     mp.setitem(grok.PRESETS, "tiny", dict(config=TINY, arms=("A2", "B2"), seeds=(0,)))
     with jax.numpy_rank_promotion("raise"):
-      rc = cli.main(["grok", "--preset", "tiny", "--arms", "A2,B2", "--seeds", "0",
-                     "--out", str(out)])
+      rc = cli.main(
+        ["grok", "--preset", "tiny", "--arms", "A2,B2", "--seeds", "0", "--out", str(out)]
+      )
   assert rc == 0
   return out
 
@@ -87,8 +95,12 @@ def test_tail_mean_is_the_final_quarter():
 
 
 def test_run_metrics_from_history():
-  h = {"epoch": [0, 10, 20, 30, 40], "train_acc": [0.0, 1.0, 0.2, 1.0, 1.0],
-       "test_acc": [0.0, 0.0, 0.95, 0.96, 0.97], "isometry": [0.3, 0.5, 0.2, 0.4, 0.1]}
+  h = {
+    "epoch": [0, 10, 20, 30, 40],
+    "train_acc": [0.0, 1.0, 0.2, 1.0, 1.0],
+    "test_acc": [0.0, 0.0, 0.95, 0.96, 0.97],
+    "isometry": [0.3, 0.5, 0.2, 0.4, 0.1],
+  }
   m = grok.run_metrics(h, dataclasses.replace(TINY, epochs=40, eval_every=10))
   assert (m["memorized_epoch"], m["grokked_epoch"], m["sustained_epoch"]) == (10, 20, 20)
   assert m["end_test_acc"] == 0.97 and m["end_train_acc"] == 1.0
@@ -153,12 +165,16 @@ def _toy_params():
   """A small linen-style tree: two frame kernels, a value kernel, a dense layer."""
   init = stiefax.flax.orthonormal_init()
   k = jax.random.split(jax.random.key(0), 4)
-  return {"params": {
-      "attn": {"query": {"kernel": init(k[0], (8, 2, 4))},
-               "key": {"kernel": init(k[1], (8, 2, 4))},
-               "value": {"kernel": 0.3 * jax.random.normal(k[2], (8, 2, 4))}},
+  return {
+    "params": {
+      "attn": {
+        "query": {"kernel": init(k[0], (8, 2, 4))},
+        "key": {"kernel": init(k[1], (8, 2, 4))},
+        "value": {"kernel": 0.3 * jax.random.normal(k[2], (8, 2, 4))},
+      },
       "dense": {"kernel": jax.random.normal(k[3], (8, 8)), "bias": jax.numpy.ones(8)},
-  }}
+    }
+  }
 
 
 def _first_update(config, arm, grad_value):
@@ -171,12 +187,22 @@ def _first_update(config, arm, grad_value):
 
 # Zero gradient: only decoupled decay moves a parameter, by -lr * decay * w.
 # (frame decay, circuit decay) per arm; None: the frames stay on the manifold.
-_DECAY = {"A2": (1.0, 1.0), "B2": (None, 1.0), "B2m": (None, 1.0), "B2m-can": (None, 1.0),
-          "B2-frz": (0.0, 1.0), "A2-nwf": (0.0, 1.0), "B2-hi": (None, 2.0),
-          "B2-sn": (None, 1.0), "B2-comb": (None, 2.0), "B2-mmuon": (None, 1.0),
-          "B2-qr": (None, 1.0), "B2-cayley": (None, 1.0),
-          # Muon decays at its own rate: -MUON_LR * decay * w.
-          "A2-muon": (grok.MUON_LR / TINY.learning_rate, 1.0)}
+_DECAY = {
+  "A2": (1.0, 1.0),
+  "B2": (None, 1.0),
+  "B2m": (None, 1.0),
+  "B2m-can": (None, 1.0),
+  "B2-frz": (0.0, 1.0),
+  "A2-nwf": (0.0, 1.0),
+  "B2-hi": (None, 2.0),
+  "B2-sn": (None, 1.0),
+  "B2-comb": (None, 2.0),
+  "B2-mmuon": (None, 1.0),
+  "B2-qr": (None, 1.0),
+  "B2-cayley": (None, 1.0),
+  # Muon decays at its own rate: -MUON_LR * decay * w.
+  "A2-muon": (grok.MUON_LR / TINY.learning_rate, 1.0),
+}
 
 
 @pytest.mark.parametrize("arm", list(grok.ARMS))
@@ -185,16 +211,18 @@ def test_arm_decay_and_frame_rules(arm):
   lr = TINY.learning_rate
   frame_decay, circuit_decay = _DECAY[arm]
   w, u = _first_update(TINY, arm, 0.0)
-  np.testing.assert_allclose(u["dense"]["kernel"], -lr * circuit_decay * w["dense"]["kernel"],
-                             rtol=1e-5, atol=1e-8)
+  np.testing.assert_allclose(
+    u["dense"]["kernel"], -lr * circuit_decay * w["dense"]["kernel"], rtol=1e-5, atol=1e-8
+  )
   np.testing.assert_allclose(u["dense"]["bias"], 0.0, atol=1e-8)  # no decay on vectors
   for name in ("query", "key"):
     got = u["attn"][name]["kernel"]
     if frame_decay is None:
       assert float(np.abs(got).max()) < 1e-5  # decay cannot act on St(d, r)
     else:
-      np.testing.assert_allclose(got, -lr * frame_decay * w["attn"][name]["kernel"],
-                                 rtol=1e-5, atol=1e-8)
+      np.testing.assert_allclose(
+        got, -lr * frame_decay * w["attn"][name]["kernel"], rtol=1e-5, atol=1e-8
+      )
   # A nonzero gradient moves the frames in every arm but B2-frz, and keeps B2's on St.
   w, u = _first_update(TINY, arm, 0.1)
   moves = [float(np.abs(u["attn"][n]["kernel"]).max()) for n in ("query", "key")]
@@ -245,8 +273,9 @@ def test_cli_writes_one_json_per_run(tiny_runs, capsys):
     assert r["metrics"]["end_test_acc"] == h["test_acc"][-1]
     assert r["wall_time"] > 0
     assert r["run_id"] in files[0 if arm == "A2" else 1]
-    assert r["command"].startswith("stiefax grok --preset tiny --epochs 80 --eval-every 20"
-                                   f" --arms {arm} --seeds 0")
+    assert r["command"].startswith(
+      f"stiefax grok --preset tiny --epochs 80 --eval-every 20 --arms {arm} --seeds 0"
+    )
     assert r["code"]["version"] == stiefax.__version__
 
 
@@ -299,8 +328,7 @@ def test_report_paired_differences_with_two_seeds(tiny_runs, tmp_path, capsys):
   (d / "notes.json").write_text(json.dumps({"no": "experiment"}))  # not a run: skipped
   assert cli.main(["report", str(d)]) == 0
   text = capsys.readouterr().out
-  row = next(ln for ln in text.splitlines() if ln.startswith("B2 ") and "/2" in ln
-             and "[" in ln)
+  row = next(ln for ln in text.splitlines() if ln.startswith("B2 ") and "/2" in ln and "[" in ln)
   parts = row.split()
   assert parts[1] == "2" and float(parts[2]) == pytest.approx(0.125)  # mean of .1, .15
   assert parts[5] == "2/2"  # wins
@@ -346,10 +374,22 @@ def test_report_dispatches_by_experiment(tmp_path, capsys):
 
 
 def test_budgets_get_their_own_files_and_reruns_skip_finished_runs(
-    tmp_path, tiny_preset, capsys, monkeypatch):
+  tmp_path, tiny_preset, capsys, monkeypatch
+):
   out = tmp_path / "R"
-  base = ["grok", "--preset", tiny_preset, "--eval-every", "20", "--arms", "A2", "--seeds",
-          "0", "--out", str(out)]
+  base = [
+    "grok",
+    "--preset",
+    tiny_preset,
+    "--eval-every",
+    "20",
+    "--arms",
+    "A2",
+    "--seeds",
+    "0",
+    "--out",
+    str(out),
+  ]
   assert cli.main(base + ["--epochs", "40"]) == 0
   first = {p.name: p.read_bytes() for p in out.iterdir()}
   assert cli.main(base + ["--epochs", "20"]) == 0
@@ -400,10 +440,22 @@ def _counting_chunks(monkeypatch, interrupt_at=None, exc=None):
 
 
 def test_sigint_leaves_a_run_that_resumes_to_the_same_result(
-    tiny_runs, tmp_path, tiny_preset, monkeypatch, capsys):
+  tiny_runs, tmp_path, tiny_preset, monkeypatch, capsys
+):
   out = tmp_path / "R"
-  argv = ["grok", "--preset", tiny_preset, "--arms", "A2", "--seeds", "0",
-          "--checkpoint-every", "0", "--out", str(out)]
+  argv = [
+    "grok",
+    "--preset",
+    tiny_preset,
+    "--arms",
+    "A2",
+    "--seeds",
+    "0",
+    "--checkpoint-every",
+    "0",
+    "--out",
+    str(out),
+  ]
   calls = _counting_chunks(monkeypatch, interrupt_at=2)
   assert cli.main(argv) == 130  # stopped after the 2nd of 4 evaluation windows
   err = capsys.readouterr().err
@@ -421,15 +473,28 @@ def test_sigint_leaves_a_run_that_resumes_to_the_same_result(
   for k, v in whole["history"].items():
     np.testing.assert_allclose(resumed["history"][k], v, rtol=1e-6, atol=1e-7, err_msg=k)
   for k, v in whole["metrics"].items():
-    assert resumed["metrics"][k] == (v if v is None or isinstance(v, int)
-                                     else pytest.approx(v, rel=1e-6)), k
+    assert resumed["metrics"][k] == (
+      v if v is None or isinstance(v, int) else pytest.approx(v, rel=1e-6)
+    ), k
 
 
 def test_a_crashed_run_resumes_from_its_last_periodic_checkpoint(
-    tiny_runs, tmp_path, tiny_preset, monkeypatch):
+  tiny_runs, tmp_path, tiny_preset, monkeypatch
+):
   out = tmp_path / "R"
-  argv = ["grok", "--preset", tiny_preset, "--arms", "B2", "--seeds", "0",
-          "--checkpoint-every", "30", "--out", str(out)]  # rounded up to 40
+  argv = [
+    "grok",
+    "--preset",
+    tiny_preset,
+    "--arms",
+    "B2",
+    "--seeds",
+    "0",
+    "--checkpoint-every",
+    "30",
+    "--out",
+    str(out),
+  ]  # rounded up to 40
   _counting_chunks(monkeypatch, interrupt_at=4, exc=RuntimeError("power cut"))
   with pytest.raises(RuntimeError, match="power cut"):
     cli.main(argv)  # dies in the last window: no checkpoint saved on the way out
@@ -443,10 +508,23 @@ def test_a_crashed_run_resumes_from_its_last_periodic_checkpoint(
 
 
 def test_vmapped_seeds_match_separate_runs_and_resume(
-    tiny_runs, tmp_path, tiny_preset, monkeypatch, capsys):
+  tiny_runs, tmp_path, tiny_preset, monkeypatch, capsys
+):
   out = tmp_path / "R"
-  argv = ["grok", "--preset", tiny_preset, "--arms", "A2", "--seeds", "0,1", "--vmap-seeds",
-          "--checkpoint-every", "0", "--out", str(out)]
+  argv = [
+    "grok",
+    "--preset",
+    tiny_preset,
+    "--arms",
+    "A2",
+    "--seeds",
+    "0,1",
+    "--vmap-seeds",
+    "--checkpoint-every",
+    "0",
+    "--out",
+    str(out),
+  ]
   calls = _counting_chunks(monkeypatch, interrupt_at=2)
   assert cli.main(argv) == 130
   assert len(calls) == 2  # one program call per window for both seeds
@@ -476,11 +554,19 @@ def test_vmapped_seeds_match_separate_runs_and_resume(
 
 def test_every_setting_changes_the_file_name():
   names = {grok.run_file_name(TINY, "A2", 0, "tiny")}
-  for change in (dict(epochs=100), dict(learning_rate=2e-2), dict(b2=0.98),
-                 dict(modulus=29), dict(sustain_k=2)):
+  for change in (
+    dict(epochs=100),
+    dict(learning_rate=2e-2),
+    dict(b2=0.98),
+    dict(modulus=29),
+    dict(sustain_k=2),
+  ):
     names.add(grok.run_file_name(dataclasses.replace(TINY, **change), "A2", 0, "tiny"))
-  names |= {grok.run_file_name(TINY, "B2", 0, "tiny"), grok.run_file_name(TINY, "A2", 1, "tiny"),
-            grok.run_file_name(TINY, "A2", 0, "quick")}
+  names |= {
+    grok.run_file_name(TINY, "B2", 0, "tiny"),
+    grok.run_file_name(TINY, "A2", 1, "tiny"),
+    grok.run_file_name(TINY, "A2", 0, "quick"),
+  }
   assert len(names) == 9
 
 
@@ -502,22 +588,48 @@ def _stiefax_process(tmp_path, *argv):
   root = pathlib.Path(__file__).resolve().parent.parent
   script = tmp_path / "stiefax_tiny.py"
   script.write_text(_SCRIPT)
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      [str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
-             JAX_PLATFORMS="cpu")
-  return subprocess.Popen([sys.executable, str(script), *argv], cwd=root, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  env = dict(
+    os.environ,
+    PYTHONPATH=os.pathsep.join(
+      [str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    ),
+    JAX_PLATFORMS="cpu",
+  )
+  return subprocess.Popen(
+    [sys.executable, str(script), *argv],
+    cwd=root,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
 
 
 def test_two_processes_on_one_out_keep_every_run(tmp_path):
   out = tmp_path / "R"
-  argv = ["grok", "--preset", "tiny", "--epochs", "40", "--eval-every", "20", "--arms",
-          "A2", "--seeds", "0,1,2,3", "--out", str(out)]
+  argv = [
+    "grok",
+    "--preset",
+    "tiny",
+    "--epochs",
+    "40",
+    "--eval-every",
+    "20",
+    "--arms",
+    "A2",
+    "--seeds",
+    "0,1,2,3",
+    "--out",
+    str(out),
+  ]
   procs = [_stiefax_process(tmp_path, *argv) for _ in range(2)]
   logs = [p.communicate(timeout=600)[0] for p in procs]
   assert [p.returncode for p in procs] == [0, 0], logs
-  names = sorted(grok.run_file_name(dataclasses.replace(TINY, epochs=40), a, s, "tiny")
-                 for a in ("A2",) for s in range(4))
+  names = sorted(
+    grok.run_file_name(dataclasses.replace(TINY, epochs=40), a, s, "tiny")
+    for a in ("A2",)
+    for s in range(4)
+  )
   assert sorted(p.name for p in out.iterdir()) == names  # no temporary or lock files left
   for name in names:
     r = json.loads((out / name).read_text())
@@ -534,6 +646,7 @@ def test_two_processes_on_one_out_keep_every_run(tmp_path):
 def test_run_lock_is_exclusive_and_dies_with_its_process(tmp_path):
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
+
   from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
 
   path = tmp_path / "run.lock"
@@ -544,11 +657,14 @@ def test_run_lock_is_exclusive_and_dies_with_its_process(tmp_path):
   assert not path.exists() and b.acquire()
   b.release()
   # A process that holds the lock and is killed leaves it free.
-  code = ("import fcntl, os, sys, time\n"
-          "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
-          "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(60)\n")
-  proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE,
-                          text=True)
+  code = (
+    "import fcntl, os, sys, time\n"
+    "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+    "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(60)\n"
+  )
+  proc = subprocess.Popen(
+    [sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True
+  )
   assert proc.stdout.readline().strip() == "held"
   assert not a.acquire()
   proc.kill()
@@ -581,7 +697,9 @@ def _one_line_error(capsys, argv, match):
   return err
 
 
-@pytest.mark.parametrize("argv,match", [
+@pytest.mark.parametrize(
+  "argv,match",
+  [
     (["grok", "--arms", "A2,Z9"], "unknown arm(s) Z9"),
     (["grok", "--arms", ","], "names no arm"),
     (["grok", "--seeds", ""], "is empty"),
@@ -590,7 +708,8 @@ def _one_line_error(capsys, argv, match):
     (["grok", "--epochs", "30", "--eval-every", "20"], "not a multiple"),
     (["grok", "--epochs", "0"], "positive integer"),
     (["grok", "--eval-every", "0"], "positive integer"),
-])
+  ],
+)
 def test_bad_arguments_are_one_line_errors(capsys, tmp_path, argv, match):
   _one_line_error(capsys, argv + ["--out", str(tmp_path / "o")], match)
   assert not (tmp_path / "o").exists()  # nothing trained or written
@@ -599,8 +718,9 @@ def test_bad_arguments_are_one_line_errors(capsys, tmp_path, argv, match):
 def test_unwritable_out_is_a_one_line_error(capsys, tmp_path, tiny_preset):
   blocker = tmp_path / "file"
   blocker.write_text("")
-  _one_line_error(capsys, ["grok", "--preset", tiny_preset, "--out", str(blocker / "sub")],
-                  "cannot write there")
+  _one_line_error(
+    capsys, ["grok", "--preset", tiny_preset, "--out", str(blocker / "sub")], "cannot write there"
+  )
 
 
 def test_report_errors(capsys, tmp_path):
@@ -615,10 +735,20 @@ def test_report_errors(capsys, tmp_path):
 
 
 def test_quick_preset_keeps_the_paper_model_family():
-  changed = {f.name for f in dataclasses.fields(grok.GrokConfig)
-             if getattr(grok.QUICK, f.name) != getattr(grok.PAPER, f.name)}
-  assert changed == {"modulus", "train_fraction", "weight_decay", "b2", "warmup", "epochs",
-                     "eval_every"}
+  changed = {
+    f.name
+    for f in dataclasses.fields(grok.GrokConfig)
+    if getattr(grok.QUICK, f.name) != getattr(grok.PAPER, f.name)
+  }
+  assert changed == {
+    "modulus",
+    "train_fraction",
+    "weight_decay",
+    "b2",
+    "warmup",
+    "epochs",
+    "eval_every",
+  }
   assert (grok.QUICK.b2, grok.QUICK.warmup) == (0.98, 10)  # Power et al., as --stabilize
   assert grok.PRESETS["quick"]["config"] == grok.QUICK
 
@@ -630,8 +760,10 @@ def test_acceptance_plain_grok_shows_grokking_and_the_isometry_contrast(tmp_path
   out = tmp_path / "grok"
   assert cli.main(["grok", "--out", str(out)]) == 0
   text = capsys.readouterr().out
-  a2, b2 = (json.loads((out / grok.run_file_name(grok.QUICK, arm, 0, "quick")).read_text())
-            for arm in ("A2", "B2"))
+  a2, b2 = (
+    json.loads((out / grok.run_file_name(grok.QUICK, arm, 0, "quick")).read_text())
+    for arm in ("A2", "B2")
+  )
   assert a2["config"]["d_model"] == 128 and a2["config"]["num_layers"] == 2
   assert a2["metrics"]["memorized_epoch"] is not None
   assert b2["metrics"]["memorized_epoch"] is not None

@@ -36,57 +36,80 @@ def _normal(rng, shape, dtype):
 def gemma(rng, dtype=np.float32):
   """Two Gemma layers: grouped-query (q_einsum + kv_einsum), then fused qkv_einsum."""
   n = lambda *s: _normal(rng, s, dtype)
-  return {"params": {
+  return {
+    "params": {
       "embedder": {"input_embedding": n(32, D)},
       "layer_0": {
-          "pre_attention_norm": {"scale": n(D)},
-          "attn": {"q_einsum": {"w": n(H, D, R)}, "kv_einsum": {"w": n(2, K, D, R)},
-                   "attn_vec_einsum": {"w": n(H, R, D)}},
-          "mlp": {"gating_einsum": n(2, 2 * D, D), "linear": n(2 * D, D)},
+        "pre_attention_norm": {"scale": n(D)},
+        "attn": {
+          "q_einsum": {"w": n(H, D, R)},
+          "kv_einsum": {"w": n(2, K, D, R)},
+          "attn_vec_einsum": {"w": n(H, R, D)},
+        },
+        "mlp": {"gating_einsum": n(2, 2 * D, D), "linear": n(2 * D, D)},
       },
       "layer_1": {
-          "attn": {"qkv_einsum": {"w": n(3, H, D, R)}, "attn_vec_einsum": {"w": n(H, R, D)}},
+        "attn": {"qkv_einsum": {"w": n(3, H, D, R)}, "attn_vec_einsum": {"w": n(H, R, D)}},
       },
-  }}
+    }
+  }
 
 
 def llama(rng, dtype=np.float32):
   """One Llama layer in the Flax port's names, grouped-query attention (K < H)."""
   n = lambda *s: _normal(rng, s, dtype)
-  return {"params": {
+  return {
+    "params": {
       "model": {
-          "embed_tokens": {"embedding": n(32, D)},
-          "layers": {"0": {
-              "input_layernorm": {"weight": n(D)},
-              "self_attn": {"q_proj": {"kernel": n(D, H * R)}, "k_proj": {"kernel": n(D, K * R)},
-                            "v_proj": {"kernel": n(D, K * R)}, "o_proj": {"kernel": n(H * R, D)}},
-              "mlp": {"gate_proj": {"kernel": n(D, 2 * D)}, "down_proj": {"kernel": n(2 * D, D)}},
-          }},
+        "embed_tokens": {"embedding": n(32, D)},
+        "layers": {
+          "0": {
+            "input_layernorm": {"weight": n(D)},
+            "self_attn": {
+              "q_proj": {"kernel": n(D, H * R)},
+              "k_proj": {"kernel": n(D, K * R)},
+              "v_proj": {"kernel": n(D, K * R)},
+              "o_proj": {"kernel": n(H * R, D)},
+            },
+            "mlp": {"gate_proj": {"kernel": n(D, 2 * D)}, "down_proj": {"kernel": n(2 * D, D)}},
+          }
+        },
       },
       "lm_head": {"kernel": n(D, 32)},
-  }}
+    }
+  }
 
 
 def gpt2(rng, dtype=np.float32):
   """One GPT-2 block in the Flax port's names: fused c_attn (D, 3 H r)."""
   n = lambda *s: _normal(rng, s, dtype)
-  return {"params": {"transformer": {
-      "wte": {"embedding": n(32, D)},
-      "h": {"0": {
-          "ln_1": {"scale": n(D), "bias": n(D)},
-          "attn": {"c_attn": {"kernel": n(D, 3 * H * R), "bias": n(3 * H * R)},
-                   "c_proj": {"kernel": n(H * R, D), "bias": n(D)}},
-          "mlp": {"c_fc": {"kernel": n(D, 4 * D)}},
-      }},
-  }}}
+  return {
+    "params": {
+      "transformer": {
+        "wte": {"embedding": n(32, D)},
+        "h": {
+          "0": {
+            "ln_1": {"scale": n(D), "bias": n(D)},
+            "attn": {
+              "c_attn": {"kernel": n(D, 3 * H * R), "bias": n(3 * H * R)},
+              "c_proj": {"kernel": n(H * R, D), "bias": n(D)},
+            },
+            "mlp": {"c_fc": {"kernel": n(D, 4 * D)}},
+          }
+        },
+      }
+    }
+  }
 
 
 # Per model: the frames selected, and (leaf path, q/k frames, v slice) as plain numpy,
 # written out independently of FrameSpec.
 def gemma_parts(p):
   a0, a1 = p["params"]["layer_0"]["attn"], p["params"]["layer_1"]["attn"]
-  q, kv, qkv = (np.asarray(a, np.float64) for a in
-                (a0["q_einsum"]["w"], a0["kv_einsum"]["w"], a1["qkv_einsum"]["w"]))
+  q, kv, qkv = (
+    np.asarray(a, np.float64)
+    for a in (a0["q_einsum"]["w"], a0["kv_einsum"]["w"], a1["qkv_einsum"]["w"])
+  )
   frames = np.concatenate([q, kv[0], qkv[0], qkv[1]])  # (heads, D, r)
   return frames, [kv[1], qkv[2]]
 
@@ -106,11 +129,19 @@ def gpt2_parts(p):
 
 
 MODELS = {
-    "gemma": (gemma, gemma_parts, None,
-              ["layer_0/attn/kv_einsum/w", "layer_0/attn/q_einsum/w", "layer_1/attn/qkv_einsum/w"]),
-    "llama": (llama, llama_parts, dict(head_dim=R),
-              ["model/layers/0/self_attn/k_proj/kernel", "model/layers/0/self_attn/q_proj/kernel"]),
-    "gpt2": (gpt2, gpt2_parts, dict(num_heads=H), ["transformer/h/0/attn/c_attn/kernel"]),
+  "gemma": (
+    gemma,
+    gemma_parts,
+    None,
+    ["layer_0/attn/kv_einsum/w", "layer_0/attn/q_einsum/w", "layer_1/attn/qkv_einsum/w"],
+  ),
+  "llama": (
+    llama,
+    llama_parts,
+    dict(head_dim=R),
+    ["model/layers/0/self_attn/k_proj/kernel", "model/layers/0/self_attn/q_proj/kernel"],
+  ),
+  "gpt2": (gpt2, gpt2_parts, dict(num_heads=H), ["transformer/h/0/attn/c_attn/kernel"]),
 }
 
 
@@ -161,8 +192,9 @@ def test_ten_steps_match_the_float64_references(x64, rng, name):
   """q/k heads follow the reference Riemannian Adam, v slices follow AdamW."""
   make, parts, counts, _ = MODELS[name]
   params = stiefax.flax.project_params(make(rng, np.float64), frames=_frames_arg(counts))
-  grads = [jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape)), params)
-           for _ in range(10)]
+  grads = [
+    jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape)), params) for _ in range(10)
+  ]
   tx = stiefax.stiefel_adamw(1e-2, weight_decay=0.05, frames=_frames_arg(counts))
   state, p = tx.init(params), params
   update = jax.jit(tx.update)
@@ -197,7 +229,9 @@ def test_ten_float32_steps_keep_query_key_heads_orthonormal(rng, name):
   state, p = tx.init(params), params
   update = jax.jit(tx.update)
   for i in range(10):
-    g = jax.tree.map(lambda x: jax.random.normal(jax.random.fold_in(jax.random.key(0), i), x.shape), p)
+    g = jax.tree.map(
+      lambda x, i=i: jax.random.normal(jax.random.fold_in(jax.random.key(0), i), x.shape), p
+    )
     u, state = update(g, state, p)
     p = optax.apply_updates(p, u)
   frames, vs = parts(p)
@@ -218,7 +252,8 @@ def test_dense_layouts_need_the_head_count(rng, name):
   with pytest.raises(ValueError, match=r"not a multiple of 5|cannot split"):
     stiefax.flax.project_params(params, frames=stiefax.flax.qk_frames(head_dim=5))
   stiefax.stiefel_adamw(1e-3, frames=stiefax.flax.qk_frames(**counts)).init(
-      stiefax.flax.project_params(params, frames=stiefax.flax.qk_frames(**counts)))
+    stiefax.flax.project_params(params, frames=stiefax.flax.qk_frames(**counts))
+  )
 
 
 def test_llama_key_heads_are_not_guessed_from_query_heads(rng):

@@ -16,8 +16,19 @@ from stiefax.experiments import patch_data
 from stiefax.experiments import patches
 
 # A tiny model keeps each training compile to a few seconds.
-TINY = ["--d", "32", "--heads", "2", "--head-dim", "8", "--mlp-ratio", "1", "--depth", "1",
-        "--no-progress"]
+TINY = [
+  "--d",
+  "32",
+  "--heads",
+  "2",
+  "--head-dim",
+  "8",
+  "--mlp-ratio",
+  "1",
+  "--depth",
+  "1",
+  "--no-progress",
+]
 
 
 def _images(rng, n, labels):
@@ -30,8 +41,11 @@ def _images(rng, n, labels):
 
 
 def _to_batch(x, y):
-  return {b"data": x.transpose(0, 3, 1, 2).reshape(len(x), 3072), b"labels": list(map(int, y)),
-          b"batch_label": b"synthetic"}
+  return {
+    b"data": x.transpose(0, 3, 1, 2).reshape(len(x), 3072),
+    b"labels": list(map(int, y)),
+    b"batch_label": b"synthetic",
+  }
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +68,14 @@ def cifar(tmp_path_factory):
   archive = root / "cifar-10-python.tar.gz"
   with tarfile.open(archive, "w:gz") as tar:
     tar.add(folder, arcname="cifar-10-batches-py")
-  return {"folder": folder, "archive": archive, "train_x": np.concatenate(train_x),
-          "train_y": np.concatenate(train_y), "test_x": tx, "test_y": ty}
+  return {
+    "folder": folder,
+    "archive": archive,
+    "train_x": np.concatenate(train_x),
+    "train_y": np.concatenate(train_y),
+    "test_x": tx,
+    "test_y": ty,
+  }
 
 
 def test_cifar_python_folder_and_archive_read_identically(cifar):
@@ -96,7 +116,8 @@ def test_whitening_gives_lambda_over_lambda_plus_eps(cifar, tmp_path):
   assert np.max(np.abs(off)) < 2e-5
   # Controls: the raw patches are strongly correlated, and eps visibly damps.
   raw = patch_data.contrast_normalize(
-      patch_data.extract_patches(images.train_x[:512], 8) / np.float32(255))
+    patch_data.extract_patches(images.train_x[:512], 8) / np.float32(255)
+  )
   raw_cov = np.cov(raw.reshape(-1, 192), rowvar=False)
   assert np.max(np.abs(raw_cov - np.diag(np.diag(raw_cov)))) > 0.1
   assert target.min() < 0.9 * target.max()
@@ -107,8 +128,8 @@ def test_whitening_gives_lambda_over_lambda_plus_eps(cifar, tmp_path):
   assert np.median(raw.var(-1)) > 0.95
   # Only training images enter the fit; the test split is whitened with it.
   direct = patch_data.apply_whitening(
-      w, patch_data.contrast_normalize(patch_data.extract_patches(images.test_x, 8) /
-                                       np.float32(255)))
+    w, patch_data.contrast_normalize(patch_data.extract_patches(images.test_x, 8) / np.float32(255))
+  )
   np.testing.assert_allclose(data.test_x, direct, atol=1e-4)
   # Cached by configuration: the same key loads the file, another eps makes another.
   again = patch_data.prepare(images, whiten_eps=0.1, **kw)
@@ -116,16 +137,18 @@ def test_whitening_gives_lambda_over_lambda_plus_eps(cifar, tmp_path):
   np.testing.assert_array_equal(again.train_x, data.train_x)
   other = patch_data.prepare(images, whiten_eps=1.0, **kw)
   assert other.cache_file != data.cache_file
-  np.testing.assert_allclose(np.diag(np.cov(other.train_x.reshape(-1, 48), rowvar=False,
-                                            bias=True)),
-                             other.whitening.eigvals / (other.whitening.eigvals + 1.0),
-                             atol=2e-5)
+  np.testing.assert_allclose(
+    np.diag(np.cov(other.train_x.reshape(-1, 48), rowvar=False, bias=True)),
+    other.whitening.eigvals / (other.whitening.eigvals + 1.0),
+    atol=2e-5,
+  )
 
 
 def test_whitening_subsample(cifar):
   images = patch_data.load_images(str(cifar["folder"]))
   raw = patch_data.contrast_normalize(
-      patch_data.extract_patches(images.train_x[:512], 8) / np.float32(255)).reshape(-1, 192)
+    patch_data.extract_patches(images.train_x[:512], 8) / np.float32(255)
+  ).reshape(-1, 192)
   sub = patch_data.fit_whitening(raw, 32, 0.1, n_samples=2000, seed=0)
   full = patch_data.fit_whitening(raw, 32, 0.1, n_samples=10**6)
   assert sub.n_fit == 2000 and full.n_fit == raw.shape[0]
@@ -171,10 +194,10 @@ def _expected_order(counts, seed):
 @pytest.mark.parametrize("seed", [0, 3])
 def test_image_folder_interleaved_order(image_folder, tmp_path, seed):
   folder = patch_data.load_images(str(image_folder["root"]), order_seed=seed)
-  archive = patch_data.load_images(str(image_folder["archive"]), order_seed=seed,
-                                   cache_dir=tmp_path)
-  cached = patch_data.load_images(str(image_folder["archive"]), order_seed=seed,
-                                  cache_dir=tmp_path)
+  archive = patch_data.load_images(
+    str(image_folder["archive"]), order_seed=seed, cache_dir=tmp_path
+  )
+  cached = patch_data.load_images(str(image_folder["archive"]), order_seed=seed, cache_dir=tmp_path)
   assert folder.name == "image-folder" and folder.classes == ("cat", "dog", "frog")
   assert list(tmp_path.glob("images-*.npz"))  # decoded once, then read from the cache
   expected = _expected_order(image_folder["counts"], seed)
@@ -207,20 +230,23 @@ def _bad_tar(path, members):
 
 def test_missing_and_malformed_data_are_one_line_errors(tmp_path, cifar):
   cases = {
-      "missing": (tmp_path / "nope.tar.gz", "no such file"),
-      "not a tar": (tmp_path / "junk.tar.gz", "not a readable tar"),
-      "empty folder": (tmp_path / "empty", "neither data_batch_1 nor train/"),
-      "unrelated tar": (_bad_tar(tmp_path / "other.tar.gz", {"a/readme.txt": b"hi"}),
-                        "neither data_batch_1"),
-      "bad batch": (tmp_path / "badbatch", "is not a CIFAR-10 python batch"),
-      "bad shape": (tmp_path / "badshape", "data (4, 10)"),
-      "no test": (tmp_path / "notest", "missing test_batch"),
+    "missing": (tmp_path / "nope.tar.gz", "no such file"),
+    "not a tar": (tmp_path / "junk.tar.gz", "not a readable tar"),
+    "empty folder": (tmp_path / "empty", "neither data_batch_1 nor train/"),
+    "unrelated tar": (
+      _bad_tar(tmp_path / "other.tar.gz", {"a/readme.txt": b"hi"}),
+      "neither data_batch_1",
+    ),
+    "bad batch": (tmp_path / "badbatch", "is not a CIFAR-10 python batch"),
+    "bad shape": (tmp_path / "badshape", "data (4, 10)"),
+    "no test": (tmp_path / "notest", "missing test_batch"),
   }
   (tmp_path / "junk.tar.gz").write_bytes(b"this is not an archive")
   (tmp_path / "empty").mkdir()
-  for name, payload in (("badbatch", b"garbage"),
-                        ("badshape", pickle.dumps({b"data": np.zeros((4, 10), np.uint8),
-                                                   b"labels": [0] * 4}))):
+  for name, payload in (
+    ("badbatch", b"garbage"),
+    ("badshape", pickle.dumps({b"data": np.zeros((4, 10), np.uint8), b"labels": [0] * 4})),
+  ):
     (tmp_path / name).mkdir()
     for f in patch_data._CIFAR_FILES:
       (tmp_path / name / f).write_bytes(payload)
@@ -237,7 +263,9 @@ def test_missing_and_malformed_data_are_one_line_errors(tmp_path, cifar):
   assert patch_data.load_images(str(cifar["archive"])).train_x.shape[0] == 600
 
 
-@pytest.mark.parametrize("argv,message", [
+@pytest.mark.parametrize(
+  "argv,message",
+  [
     (["--data", "/nonexistent/cifar"], "no such file"),
     (["--arms", "A2,C9"], "unknown arm 'C9'"),
     (["--heads", "4", "--head-dim", "8"], "exceeds --d 16"),
@@ -247,7 +275,8 @@ def test_missing_and_malformed_data_are_one_line_errors(tmp_path, cifar):
     (["--lr", "B2"], "ARM=VALUE"),
     (["sweep-eps", "--arms", "A2"], "sweep-eps varies"),
     (["sweep-n", "--epochs", "3"], "drop --epochs"),
-])
+  ],
+)
 def test_bad_arguments_exit_2_with_one_line(argv, message, tmp_path, capsys):
   code = cli.main(["patches", *argv, "--out", str(tmp_path), "--cache", str(tmp_path)])
   err = capsys.readouterr().err.strip()
@@ -258,8 +287,17 @@ def test_bad_arguments_exit_2_with_one_line(argv, message, tmp_path, capsys):
 def test_arm_names_and_aliases():
   assert patches.arm_by_name("pa16").name == "B2-SGD"
   assert patches.arm_by_name("b2").name == "B2"
-  assert set(patches.ARMS) == {"A2", "A2-orth", "B2", "B2-SGD", "frozen", "elementwise",
-                               "grassmann", "soft", *patches.OPTIMIZER_ARMS}
+  assert set(patches.ARMS) == {
+    "A2",
+    "A2-orth",
+    "B2",
+    "B2-SGD",
+    "frozen",
+    "elementwise",
+    "grassmann",
+    "soft",
+    *patches.OPTIMIZER_ARMS,
+  }
   assert set(patches.OPTIMIZER_ARMS) == {"B2-mmuon", "A2-muon", "B2-qr", "B2-cayley"}
   setting = patches.Setting(n_train=10_000, epochs=40)
   assert setting.steps_per_epoch == 40 and setting.total_steps == 1600
@@ -293,23 +331,47 @@ def test_non_frame_init_is_shared_across_arms():
 
 def test_cli_paired_seeds_and_report(cifar, tmp_path, capsys):
   out = tmp_path / "runs"
-  argv = ["patches", "--data", str(cifar["archive"]), "--n-train", "512", "--epochs", "1",
-          "--arms", "A2,B2", "--seeds", "0,1", "--out", str(out), "--cache",
-          str(tmp_path / "cache"), *TINY]
+  argv = [
+    "patches",
+    "--data",
+    str(cifar["archive"]),
+    "--n-train",
+    "512",
+    "--epochs",
+    "1",
+    "--arms",
+    "A2,B2",
+    "--seeds",
+    "0,1",
+    "--out",
+    str(out),
+    "--cache",
+    str(tmp_path / "cache"),
+    *TINY,
+  ]
   assert cli.main(argv) == 0
   printed = capsys.readouterr().out
   files = sorted(p.name for p in out.glob("*.json"))
   assert [re.sub(r"-[0-9a-f]{8}-", "-H-", f) for f in files] == [
-      "run-A2-n512-H-s0.json", "run-A2-n512-H-s1.json", "run-B2-n512-H-s0.json",
-      "run-B2-n512-H-s1.json"]
+    "run-A2-n512-H-s0.json",
+    "run-A2-n512-H-s1.json",
+    "run-B2-n512-H-s0.json",
+    "run-B2-n512-H-s1.json",
+  ]
   runs = [json.loads((out / f).read_text()) for f in files]
   for r, f in zip(runs, files):
     assert patches.config_hash(r["config"]) in f
     assert r["command"].startswith("stiefax patches ") and f"--seeds {r['seed']}" in r["command"]
     assert set(r["code"]) == {"version", "commit", "dirty"}
   for r in runs:
-    assert r["experiment"] == "patches" and set(r) >= {"arm", "seed", "config", "metrics",
-                                                       "history", "wall_time"}
+    assert r["experiment"] == "patches" and set(r) >= {
+      "arm",
+      "seed",
+      "config",
+      "metrics",
+      "history",
+      "wall_time",
+    }
     assert {"test_acc", "isometry", "wall_per_epoch"} <= set(r["metrics"])
     assert 0.0 <= r["metrics"]["test_acc"] <= 1.0 and r["config"]["n_test"] == 100
     assert r["config"]["n_train"] == 512 and r["config"]["steps_per_epoch"] == 2
@@ -322,8 +384,10 @@ def test_cli_paired_seeds_and_report(cifar, tmp_path, capsys):
   text = patches.report(runs, tmp_path / "report")
   table = [line for line in text.splitlines() if "plot:" not in line]
   assert "Δ vs A2 pp" in text and all(line in printed for line in table)
-  diffs = [100 * (by[("B2", s)]["metrics"]["test_acc"] - by[("A2", s)]["metrics"]["test_acc"])
-           for s in (0, 1)]
+  diffs = [
+    100 * (by[("B2", s)]["metrics"]["test_acc"] - by[("A2", s)]["metrics"]["test_acc"])
+    for s in (0, 1)
+  ]
   b2_row = next(line for line in text.splitlines() if line.startswith("B2 "))
   assert f"{np.mean(diffs):+.2f}" in b2_row
   assert f"{sum(d > 0 for d in diffs)}/2" in b2_row
@@ -350,9 +414,28 @@ def test_cli_paired_seeds_and_report(cifar, tmp_path, capsys):
 
 def test_digits_default_runs_end_to_end(tmp_path, capsys):
   out = tmp_path / "runs"
-  argv = ["patches", "--arms", "B2", "--seeds", "0", "--epochs", "6", "--warmup-epochs", "1",
-          "--n-train", "512", "--depth", "1", "--mlp-ratio", "1", "--out", str(out),
-          "--cache", str(tmp_path / "cache"), "--no-progress"]
+  argv = [
+    "patches",
+    "--arms",
+    "B2",
+    "--seeds",
+    "0",
+    "--epochs",
+    "6",
+    "--warmup-epochs",
+    "1",
+    "--n-train",
+    "512",
+    "--depth",
+    "1",
+    "--mlp-ratio",
+    "1",
+    "--out",
+    str(out),
+    "--cache",
+    str(tmp_path / "cache"),
+    "--no-progress",
+  ]
   assert cli.main(argv) == 0
   (run,) = [json.loads(p.read_text()) for p in out.glob("*.json")]
   assert run["config"]["dataset"] == "digits" and run["config"]["tokens"] == 4
@@ -365,14 +448,32 @@ def test_digits_default_runs_end_to_end(tmp_path, capsys):
 
 
 def _fake(arm, seed, acc, protocol="run", n=10_000, eps=1e-8):
-  cfg = {"protocol": protocol, "dataset": "cifar10-python", "n_train": n, "epochs": 40,
-         "depth": 1, "d": 128, "heads": 8, "head_dim": 16, "batch_size": 256,
-         "total_steps": 1600, "n_test": 10_000, "eps": eps, "adamw_lr": 1e-2,
-         "riemannian_lr": 1.0, "penalty": None}
-  return {"experiment": "patches", "arm": arm, "seed": seed, "config": cfg,
-          "metrics": {"test_acc": acc, "isometry": 1e-6 if arm != "A2" else 0.6,
-                      "wall_per_epoch": 2.0},
-          "history": {"isometry": [0.5, 0.6]}, "wall_time": 80.0}
+  cfg = {
+    "protocol": protocol,
+    "dataset": "cifar10-python",
+    "n_train": n,
+    "epochs": 40,
+    "depth": 1,
+    "d": 128,
+    "heads": 8,
+    "head_dim": 16,
+    "batch_size": 256,
+    "total_steps": 1600,
+    "n_test": 10_000,
+    "eps": eps,
+    "adamw_lr": 1e-2,
+    "riemannian_lr": 1.0,
+    "penalty": None,
+  }
+  return {
+    "experiment": "patches",
+    "arm": arm,
+    "seed": seed,
+    "config": cfg,
+    "metrics": {"test_acc": acc, "isometry": 1e-6 if arm != "A2" else 0.6, "wall_per_epoch": 2.0},
+    "history": {"isometry": [0.5, 0.6]},
+    "wall_time": 80.0,
+  }
 
 
 def test_report_tables_from_runs(tmp_path):
@@ -394,12 +495,19 @@ def test_report_tables_from_runs(tmp_path):
   a2_row = next(line for line in text.splitlines() if line.startswith("A2 "))
   assert f"{100 * np.mean(a2):.2f} ± {100 * np.std(a2, ddof=1):.2f}" in a2_row  # ddof=1
   # sweep-n: population std per n; sweep-eps: paired against the smallest eps.
-  sweep = [_fake(arm, s, acc + 0.01 * s + (0.002 * (s - 1) if arm == "B2" else 0.0),
-                 "sweep-n", n=n)
-           for n, base in ((1000, 0.30), (5000, 0.35))
-           for arm, acc in (("A2", base), ("B2", base + 0.02 * n / 1000)) for s in range(3)]
-  eps_runs = [_fake("B2", s, 0.43 - (0.026 + 0.001 * (s - 1) if e > 0.05 else 0.0) + 0.01 * s,
-                    "sweep-eps", eps=e) for e in (1e-8, 1e-1) for s in range(3)]
+  sweep = [
+    _fake(arm, s, acc + 0.01 * s + (0.002 * (s - 1) if arm == "B2" else 0.0), "sweep-n", n=n)
+    for n, base in ((1000, 0.30), (5000, 0.35))
+    for arm, acc in (("A2", base), ("B2", base + 0.02 * n / 1000))
+    for s in range(3)
+  ]
+  eps_runs = [
+    _fake(
+      "B2", s, 0.43 - (0.026 + 0.001 * (s - 1) if e > 0.05 else 0.0) + 0.01 * s, "sweep-eps", eps=e
+    )
+    for e in (1e-8, 1e-1)
+    for s in range(3)
+  ]
   text = patches.report(sweep + eps_runs, tmp_path)
   rows = {line.split()[0]: line for line in text.splitlines() if line[:1].isdigit()}
   assert "31.00 ± 0.82" in rows["1000"] and "+2.00" in rows["1000"]
@@ -421,9 +529,11 @@ def test_report_separates_settings_and_knobs_and_pairs_the_contrasts(tmp_path):
   for depth, lr, gain_frozen, gain_b2 in ((1, 1e-2, 0.06, 0.07), (2, 1e-3, 0.01, 0.05)):
     for s in range(3):
       base = 0.35 + 0.01 * s
-      runs += [fake("A2", s, base, depth, lr),
-               fake("frozen", s, base + gain_frozen + 0.001 * s, depth, lr),
-               fake("B2", s, base + gain_b2 + 0.002 * s, depth, lr)]
+      runs += [
+        fake("A2", s, base, depth, lr),
+        fake("frozen", s, base + gain_frozen + 0.001 * s, depth, lr),
+        fake("B2", s, base + gain_b2 + 0.002 * s, depth, lr),
+      ]
   for s, b2sgd, grass in ((0, 0.38, 0.41), (1, 0.385, 0.425), (2, 0.40, 0.43)):
     runs += [fake("B2-SGD", s, b2sgd), fake("grassmann", s, grass)]
   for lam, acc in ((0.01, 0.37), (0.1, 0.38), (1.0, 0.36)):
@@ -436,8 +546,11 @@ def test_report_separates_settings_and_knobs_and_pairs_the_contrasts(tmp_path):
   # One row per lambda, labelled by it.
   assert sum(line.startswith("soft λ=") for line in text.splitlines()) == 3
   # The frozen share of B2's gain: 6.1/7.2 at (1, 1e-2), 1.1/5.2 at (2, 1e-3).
-  share = {tuple(line.split()[:2]): line for line in text.splitlines()
-           if line[:1].isdigit() and len(line.split()) > 8}
+  share = {
+    tuple(line.split()[:2]): line
+    for line in text.splitlines()
+    if line[:1].isdigit() and len(line.split()) > 8
+  }
   assert share[("1", "0.01")].split()[-1] == f"{6.1 / 7.2:.2f}"
   assert share[("2", "0.001")].split()[-1] == f"{1.1 / 5.2:.2f}"
   # Table 7's contrasts, paired within seed: the step rule is grassmann - B2-SGD.
@@ -459,8 +572,9 @@ def test_eps_probe_uses_the_main_study_as_its_reference(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "missing-array"])
-def test_damaged_cache_files_are_rebuilt_with_a_notice(cifar, image_folder, tmp_path, capsys,
-                                                       damage):
+def test_damaged_cache_files_are_rebuilt_with_a_notice(
+  cifar, image_folder, tmp_path, capsys, damage
+):
   images = patch_data.load_images(str(cifar["folder"]))
   kw = dict(n_train=64, patch=8, d=16, cache_dir=tmp_path, whiten_eps=0.1)
   data = patch_data.prepare(images, **kw)
@@ -483,8 +597,9 @@ def test_damaged_cache_files_are_rebuilt_with_a_notice(cifar, image_folder, tmp_
   folder_again = patch_data.load_images(str(image_folder["archive"]), cache_dir=tmp_path)
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 2 and all("is damaged" in ln and "rebuilding it" in ln for ln in err)
-  assert {pathlib.Path(ln.split("cache file ")[1].split(" is damaged")[0]) for ln in err} \
-      == set(files)
+  assert {pathlib.Path(ln.split("cache file ")[1].split(" is damaged")[0]) for ln in err} == set(
+    files
+  )
   np.testing.assert_array_equal(again.train_x, data.train_x)
   np.testing.assert_array_equal(folder_again.train_x, folder.train_x)
   patch_data.prepare(images, **kw)  # the rebuilt files read back silently
@@ -494,11 +609,31 @@ def test_damaged_cache_files_are_rebuilt_with_a_notice(cifar, image_folder, tmp_
 
 def test_optimizer_family_arms_run_end_to_end_on_digits(tmp_path, capsys):
   out = tmp_path / "runs"
-  argv = ["patches", "--arms", ",".join(patches.OPTIMIZER_ARMS), "--seeds", "0",
-          "--epochs", "3", "--warmup-epochs", "1", "--n-train", "256", "--mlp-ratio", "1",
-          "--select-lr", "--n-val", "128", "--out", str(out),
-          "--grid", "B2-mmuon=0.02:0.05,A2-muon=0.02,B2-qr=1.0,B2-cayley=1.0",
-          "--cache", str(tmp_path / "cache"), "--no-progress"]
+  argv = [
+    "patches",
+    "--arms",
+    ",".join(patches.OPTIMIZER_ARMS),
+    "--seeds",
+    "0",
+    "--epochs",
+    "3",
+    "--warmup-epochs",
+    "1",
+    "--n-train",
+    "256",
+    "--mlp-ratio",
+    "1",
+    "--select-lr",
+    "--n-val",
+    "128",
+    "--out",
+    str(out),
+    "--grid",
+    "B2-mmuon=0.02:0.05,A2-muon=0.02,B2-qr=1.0,B2-cayley=1.0",
+    "--cache",
+    str(tmp_path / "cache"),
+    "--no-progress",
+  ]
   assert cli.main(argv) == 0
   runs = [json.loads(p.read_text()) for p in out.glob("run-*.json")]
   by_arm = {r["arm"]: r for r in runs}
@@ -518,7 +653,7 @@ def test_optimizer_family_arms_run_end_to_end_on_digits(tmp_path, capsys):
   assert all(r["config"]["n_val"] == 0 for r in runs)
   argv_lr = [a for a in argv if a not in ("--select-lr",)]
   i = argv_lr.index("--grid")
-  argv_lr[i:i + 2] = ["--lr", "B2-qr=1.0"]
+  argv_lr[i : i + 2] = ["--lr", "B2-qr=1.0"]
   argv_lr[argv_lr.index("--arms") + 1] = "B2-qr"
   argv_lr.remove("--n-val"), argv_lr.remove("128")
   assert cli.main(argv_lr) == 0

@@ -7,16 +7,16 @@ Long runs use a short budget by default; set ``STIEFAX_LONG_TESTS=1`` for the fu
 import os
 import warnings
 
+from flax import linen as nn
 import hypothesis
 import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from optax import tree_utils as otu
 import orbax.checkpoint as ocp
 import pytest
-from flax import linen as nn
-from optax import tree_utils as otu
 
 import stiefax
 from tests.test_transforms import kernel
@@ -32,13 +32,13 @@ def _skipped(state):
 
 @pytest.mark.parametrize("bad", [jnp.nan, jnp.inf, -jnp.inf])
 @pytest.mark.parametrize(
-    "make",
-    [
-        lambda: stiefax.riemannian_adam(),
-        lambda: stiefax.riemannian_adam(moment="elementwise", learning_rate=0.03),
-        lambda: stiefax.riemannian_sgd(),
-    ],
-    ids=["B2", "elementwise", "sgd"],
+  "make",
+  [
+    lambda: stiefax.riemannian_adam(),
+    lambda: stiefax.riemannian_adam(moment="elementwise", learning_rate=0.03),
+    lambda: stiefax.riemannian_sgd(),
+  ],
+  ids=["B2", "elementwise", "sgd"],
 )
 def test_non_finite_frame_keeps_point_and_moments(rng, bad, make):
   tx = make()
@@ -53,8 +53,9 @@ def test_non_finite_frame_keeps_point_and_moments(rng, bad, make):
   assert float(jnp.max(jnp.abs(new_w[:, 0, :] - w[:, 0, :]))) > 0  # others move
   assert float(jnp.max(jnp.abs(new_w[:, 2, :] - w[:, 2, :]))) > 0
   for name in ("mu", "nu"):
-    for (_, old), (_, new) in zip(otu.tree_get_all_with_path(state, name),
-                                  otu.tree_get_all_with_path(new_state, name)):
+    for (_, old), (_, new) in zip(
+      otu.tree_get_all_with_path(state, name), otu.tree_get_all_with_path(new_state, name)
+    ):
       head = (lambda x: x[:, 1]) if old.ndim == 3 else (lambda x: x[1])
       np.testing.assert_array_equal(head(new), head(old))
   assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(new_state))
@@ -62,10 +63,15 @@ def test_non_finite_frame_keeps_point_and_moments(rng, bad, make):
 
 
 def test_non_finite_inside_stiefel_adamw_and_apply_if_finite(rng):
-  params = {"query": {"kernel": kernel(rng, dtype=np.float32)}, "dense": {"kernel": jnp.ones((4, 4))}}
+  params = {
+    "query": {"kernel": kernel(rng, dtype=np.float32)},
+    "dense": {"kernel": jnp.ones((4, 4))},
+  }
   grads = jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape), x.dtype), params)
-  bad = {"query": {"kernel": grads["query"]["kernel"].at[0, 2, 0].set(jnp.nan)},
-         "dense": grads["dense"]}
+  bad = {
+    "query": {"kernel": grads["query"]["kernel"].at[0, 2, 0].set(jnp.nan)},
+    "dense": grads["dense"],
+  }
   tx = stiefax.stiefel_adamw(1e-2, 0.1)
   u, state = tx.update(bad, tx.init(params), params)
   new = optax.apply_updates(params, u)
@@ -80,7 +86,12 @@ def test_non_finite_inside_stiefel_adamw_and_apply_if_finite(rng):
   assert int(gstate.notfinite_count) == 1
   u, gstate = jax.jit(guarded.update)(grads, gstate, params)
   assert int(gstate.notfinite_count) == 0
-  assert float(stiefax.diagnostics.isometry_error(optax.apply_updates(params, u), stiefax.flax.qk_labels)) < 1e-5
+  assert (
+    float(
+      stiefax.diagnostics.isometry_error(optax.apply_updates(params, u), stiefax.flax.qk_labels)
+    )
+    < 1e-5
+  )
 
 
 @pytest.mark.parametrize("dtype, bound", [(jnp.bfloat16, 1e-2), (jnp.float16, 1.5e-3)])
@@ -112,7 +123,7 @@ def test_low_precision_keeps_dtype_and_orthonormality(dtype, bound):
 def test_float64_params_stay_float64(x64, rng):
   w = kernel(rng)
   tx = stiefax.riemannian_adam()
-  u, state = tx.update(jnp.ones_like(w), tx.init(w), w)
+  u, _state = tx.update(jnp.ones_like(w), tx.init(w), w)
   assert u.dtype == jnp.float64
   assert float(stiefax.diagnostics.isometry_error(optax.apply_updates(w, u))) < 1e-13
 
@@ -143,7 +154,6 @@ def test_no_drift_over_long_float32_runs(r, method):
 
 
 class _Tiny(nn.Module):
-
   @nn.compact
   def __call__(self, x):
     h = x + nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8)(nn.LayerNorm()(x))
@@ -155,13 +165,15 @@ def test_orbax_checkpoint_resumes_bit_identically(tmp_path):
   x = jax.random.normal(jax.random.key(0), (16, 4, 8))
   y = (x[:, 0, 0] > 0).astype(jnp.int32)
   params = stiefax.flax.project_params(model.init(jax.random.key(1), x))
-  tx = stiefax.stiefel_adamw(1e-2, 0.05, stiefel=stiefax.riemannian_adam(
-      optax.cosine_decay_schedule(1.0, 20)))
+  tx = stiefax.stiefel_adamw(
+    1e-2, 0.05, stiefel=stiefax.riemannian_adam(optax.cosine_decay_schedule(1.0, 20))
+  )
 
   @jax.jit
   def step(params, state):
-    g = jax.grad(lambda p: optax.softmax_cross_entropy_with_integer_labels(
-        model.apply(p, x), y).mean())(params)
+    g = jax.grad(
+      lambda p: optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y).mean()
+    )(params)
     u, state = tx.update(g, state, params)
     return optax.apply_updates(params, u), state
 
@@ -186,15 +198,15 @@ def test_orbax_checkpoint_resumes_bit_identically(tmp_path):
 
 @hypothesis.settings(max_examples=12, deadline=None, derandomize=True)
 @hypothesis.given(
-    d=st.integers(2, 10),
-    r_frac=st.floats(0.1, 1.0),
-    batch=st.lists(st.integers(1, 3), min_size=0, max_size=2),
-    log_scale=st.floats(-8, 8),
-    dtype=st.sampled_from(["float32", "float64"]),
-    moment=st.sampled_from(["scalar", "elementwise"]),
+  d=st.integers(2, 10),
+  r_frac=st.floats(0.1, 1.0),
+  batch=st.lists(st.integers(1, 3), min_size=0, max_size=2),
+  log_scale=st.floats(-8, 8),
+  dtype=st.sampled_from(["float32", "float64"]),
+  moment=st.sampled_from(["scalar", "elementwise"]),
 )
 def test_properties_over_shapes_scales_and_dtypes(d, r_frac, batch, log_scale, dtype, moment):
-  r = max(1, int(round(r_frac * d)))
+  r = max(1, round(r_frac * d))
   shape = (d, *batch, r)  # rows first, batch axes in the middle
   with jax.enable_x64(dtype == "float64"):
     tx = stiefax.riemannian_adam(moment=moment)
@@ -207,10 +219,14 @@ def test_properties_over_shapes_scales_and_dtypes(d, r_frac, batch, log_scale, d
       for i in range(3):
         g = (10.0**log_scale) * jax.random.normal(jax.random.key(i), shape, dtype)
         xi, _ = stiefax.stiefel_project().update(g, optax.EmptyState(), w)
-        skew.append(stiefax.diagnostics.tangency_error(w, xi) / jnp.maximum(1, jnp.max(jnp.abs(xi))))
+        skew.append(
+          stiefax.diagnostics.tangency_error(w, xi) / jnp.maximum(1, jnp.max(jnp.abs(xi)))
+        )
         u, state = tx.update(g, state, w)
         w = optax.apply_updates(w, u)
-        finite.append(jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves((w, state))])))
+        finite.append(
+          jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves((w, state))]))
+        )
       return w, jnp.max(jnp.stack(skew)), jnp.all(jnp.stack(finite))
 
     w, skew, finite = three_steps(w)

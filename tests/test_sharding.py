@@ -13,11 +13,18 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def _run(mode):
   env = dict(os.environ)
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+  env["XLA_FLAGS"] = (
+    env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+  ).strip()
   env["JAX_PLATFORMS"] = "cpu"
   proc = subprocess.run(
-      [sys.executable, "-m", "tests.sharded_update", mode], cwd=ROOT, env=env,
-      capture_output=True, text=True, timeout=220)
+    [sys.executable, "-m", "tests.sharded_update", mode],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=220,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])
 

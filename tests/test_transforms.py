@@ -16,18 +16,23 @@ D, H, R = 12, 3, 4  # kernels (d_model, heads, head_dim)
 
 # name -> factory(frames) of every transform that reads the current point.
 NEEDS_PARAMS = {
-    "stiefel_project": lambda f: stiefax.stiefel_project(f),
-    "grassmann_project": lambda f: stiefax.grassmann_project(f),
-    "canonical_gradient": lambda f: stiefax.canonical_gradient(f),
-    "scalar_moment": lambda f: stiefax.scalar_moment(frames=f),
-    "elementwise_moment": lambda f: stiefax.elementwise_moment(frames=f),
-    "polar_retract": lambda f: stiefax.polar_retract(f),
-    "retract": lambda f: stiefax.retract(f, "qr"),
-    "manifold_muon": lambda f: stiefax.manifold_muon(0.1, frames=f),
+  "stiefel_project": lambda f: stiefax.stiefel_project(f),
+  "grassmann_project": lambda f: stiefax.grassmann_project(f),
+  "canonical_gradient": lambda f: stiefax.canonical_gradient(f),
+  "scalar_moment": lambda f: stiefax.scalar_moment(frames=f),
+  "elementwise_moment": lambda f: stiefax.elementwise_moment(frames=f),
+  "polar_retract": lambda f: stiefax.polar_retract(f),
+  "retract": lambda f: stiefax.retract(f, "qr"),
+  "manifold_muon": lambda f: stiefax.manifold_muon(0.1, frames=f),
 }
 ALL = dict(NEEDS_PARAMS, step_norm_cap=lambda f: stiefax.step_norm_cap(0.1, f))
-TANGENT_OUTPUT = ["stiefel_project", "grassmann_project", "canonical_gradient",
-                  "scalar_moment", "elementwise_moment"]
+TANGENT_OUTPUT = [
+  "stiefel_project",
+  "grassmann_project",
+  "canonical_gradient",
+  "scalar_moment",
+  "elementwise_moment",
+]
 
 
 def kernel(rng, shape=(D, H, R), dtype=np.float64):
@@ -114,7 +119,9 @@ def test_step_norm_cap_per_frame(x64, rng):
   np.testing.assert_allclose(norms[1:], 0.1 * np.sqrt(R), rtol=1e-12)
   np.testing.assert_allclose(to_ref(out)[0], to_ref(eta)[0])
   # Direction is kept.
-  np.testing.assert_allclose(to_ref(out)[1] / norms[1], to_ref(eta)[1] / np.linalg.norm(to_ref(eta)[1]))
+  np.testing.assert_allclose(
+    to_ref(out)[1] / norms[1], to_ref(eta)[1] / np.linalg.norm(to_ref(eta)[1])
+  )
   # Block frames: tau * sqrt(H * r) for the whole kernel.
   out, _ = stiefax.step_norm_cap(0.1, FrameSpec(col_axes=(-2, -1))).update(eta, optax.EmptyState())
   np.testing.assert_allclose(np.linalg.norm(out), 0.1 * np.sqrt(H * R), rtol=1e-12)
@@ -200,9 +207,11 @@ def test_qr_and_cayley_match_float64_references(x64, rng):
 def test_retractions_agree_with_polar_to_first_order(x64, rng):
   w = kernel(rng)
   wf, xi = jnp.asarray(to_ref(w)), jnp.asarray(tangent(rng, w))
-  fns = {"polar": lambda t: stiefax.geometry.polar(wf + t * xi),
-         "qr": lambda t: stiefax.geometry.qr_retract(wf, t * xi),
-         "cayley": lambda t: stiefax.geometry.cayley_retract(wf, t * xi)}
+  fns = {
+    "polar": lambda t: stiefax.geometry.polar(wf + t * xi),
+    "qr": lambda t: stiefax.geometry.qr_retract(wf, t * xi),
+    "cayley": lambda t: stiefax.geometry.cayley_retract(wf, t * xi),
+  }
   for name, fn in fns.items():
     at0, deriv = jax.jvp(fn, (jnp.zeros([]),), (jnp.ones([]),))
     assert float(jnp.max(jnp.abs(at0 - wf))) < 1e-13, name
@@ -218,14 +227,18 @@ def test_retraction_choice_in_the_aliases_and_jitted_loops(rng, retraction):
   w = kernel(rng, dtype=np.float32)
   a = rng.standard_normal((D, D))
   a = jnp.asarray(a + a.T, jnp.float32)
-  for tx in (stiefax.riemannian_adam(retraction=retraction),
-             stiefax.riemannian_sgd(0.05, retraction=retraction)):
+  for tx in (
+    stiefax.riemannian_adam(retraction=retraction),
+    stiefax.riemannian_sgd(0.05, retraction=retraction),
+  ):
+
     @jax.jit
     def run(w0, tx=tx):
       def body(carry, _):
         w, state = carry
         u, state = tx.update(-2 * jnp.einsum("de,ehr->dhr", a, w), state, w)
         return (optax.apply_updates(w, u), state), None
+
       return jax.lax.scan(body, (w0, tx.init(w0)), None, length=50)[0][0]
 
     out = run(w)
@@ -249,8 +262,10 @@ def test_fused_adam_with_each_retraction_matches_the_chain(x64, rng):
 
 
 def test_unknown_retraction_is_a_clear_error():
-  for make in (lambda: stiefax.retract(retraction="exp"),
-               lambda: stiefax.riemannian_adam(retraction="exp"),
-               lambda: stiefax.riemannian_sgd(retraction="exp")):
+  for make in (
+    lambda: stiefax.retract(retraction="exp"),
+    lambda: stiefax.riemannian_adam(retraction="exp"),
+    lambda: stiefax.riemannian_sgd(retraction="exp"),
+  ):
     with pytest.raises(ValueError, match="Unknown retraction 'exp'; valid retractions are"):
       make()

@@ -15,12 +15,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import pathlib
 import re
-from typing import Any, Optional
+from typing import Any
+from typing import Optional
 
 import griffe
 
@@ -75,10 +77,8 @@ def resolve(name: str, module: str, cls: Optional[str] = None) -> Optional[str]:
   mod = importlib.import_module(module)
   scopes = []
   if cls:
-    try:
+    with contextlib.suppress(AttributeError):
       scopes.append((_lookup(mod, cls), cls))
-    except AttributeError:
-      pass
   scopes.append((mod, None))
   for scope, cls_name in scopes:
     try:
@@ -95,8 +95,11 @@ def resolve(name: str, module: str, cls: Optional[str] = None) -> Optional[str]:
   parts = name.split(".")
   for i in range(len(parts), 0, -1):  # an absolute dotted path
     try:
-      obj = _lookup(importlib.import_module(".".join(parts[:i])), ".".join(parts[i:])) \
-          if i < len(parts) else importlib.import_module(name)
+      obj = (
+        _lookup(importlib.import_module(".".join(parts[:i])), ".".join(parts[i:]))
+        if i < len(parts)
+        else importlib.import_module(name)
+      )
     except (ImportError, AttributeError, ValueError):
       continue
     if id(obj) in table:
@@ -138,9 +141,9 @@ class ExampleSections(griffe.Extension):
     module = obj.module.path
     cls = None
     if obj.is_class:
-      cls = obj.path[len(module) + 1:]
+      cls = obj.path[len(module) + 1 :]
     elif obj.parent is not None and obj.parent.is_class:
-      cls = obj.parent.path[len(module) + 1:]
+      cls = obj.parent.path[len(module) + 1 :]
     try:
       text = markdown_docstring(text, module, cls)
     except ImportError:

@@ -20,7 +20,8 @@ import importlib
 import inspect
 import pathlib
 import re
-from typing import Any, Iterable
+from typing import Any
+from typing import Iterable
 
 from mkdocs.exceptions import PluginError
 from mkdocs.plugins import event_priority
@@ -28,14 +29,14 @@ from mkdocs.structure.files import File
 
 #: Modules whose ``__all__`` is the public API.
 API_MODULES = (
-    "stiefax",
-    "stiefax.geometry",
-    "stiefax.muon",
-    "stiefax.flax",
-    "stiefax.diagnostics",
-    "stiefax.certificates",
-    "stiefax.covariance",
-    "stiefax.sphere",
+  "stiefax",
+  "stiefax.geometry",
+  "stiefax.muon",
+  "stiefax.flax",
+  "stiefax.diagnostics",
+  "stiefax.certificates",
+  "stiefax.covariance",
+  "stiefax.sphere",
 )
 
 _ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -85,9 +86,9 @@ def public_symbols(modules: Iterable[str] = API_MODULES) -> list[tuple[str, str,
 def undocumented(modules: Iterable[str] = API_MODULES) -> list[str]:
   """One line per public symbol whose docstring is incomplete."""
   return [
-      f"{m}.{n}: the docstring lacks {', '.join(p)}"
-      for m, n, obj in public_symbols(modules)
-      if (p := docstring_problems(obj))
+    f"{m}.{n}: the docstring lacks {', '.join(p)}"
+    for m, n, obj in public_symbols(modules)
+    if (p := docstring_problems(obj))
   ]
 
 
@@ -126,7 +127,7 @@ def raw_markup(html: str) -> list[str]:
   found = []
   for pattern in (_RAW_ROLE, _RAW_LITERAL):
     for match in pattern.finditer(text):
-      found.append(text[max(0, match.start() - 60): match.end() + 20].replace("\n", " "))
+      found.append(text[max(0, match.start() - 60) : match.end() + 20].replace("\n", " "))
   return found
 
 
@@ -134,9 +135,8 @@ def on_post_page(output, page, config):
   problems = raw_markup(output)
   if problems:
     raise PluginError(
-        f"{page.file.src_uri}: unrendered Sphinx markup (write Markdown: [`name`][id]"
-        " cross-references, and ':' before an indented code block):\n  "
-        + "\n  ".join(problems[:10])
+      f"{page.file.src_uri}: unrendered Sphinx markup (write Markdown: [`name`][id]"
+      " cross-references, and ':' before an indented code block):\n  " + "\n  ".join(problems[:10])
     )
   return output
 
@@ -146,9 +146,10 @@ def on_config(config):
   problems = undocumented() + unrendered(api_directives(docs_dir))
   if problems:
     raise PluginError(
-        "Undocumented public API (every symbol in the __all__ of "
-        + ", ".join(API_MODULES) + " needs an example, Args and Returns, and an API"
-        " page entry):\n  " + "\n  ".join(problems)
+      "Undocumented public API (every symbol in the __all__ of "
+      + ", ".join(API_MODULES)
+      + " needs an example, Args and Returns, and an API"
+      " page entry):\n  " + "\n  ".join(problems)
     )
   return config
 
@@ -159,11 +160,11 @@ def on_files(files, config):
   for path in sorted(notebooks.glob("*.ipynb")):
     # src_dir is the repository root, so the file's source is notebooks/<name>.
     files.append(
-        File(
-            f"notebooks/{path.name}",
-            src_dir=str(_ROOT),
-            dest_dir=config["site_dir"],
-            use_directory_urls=config["use_directory_urls"],
-        )
+      File(
+        f"notebooks/{path.name}",
+        src_dir=str(_ROOT),
+        dest_dir=config["site_dir"],
+        use_directory_urls=config["use_directory_urls"],
+      )
     )
   return files

@@ -19,8 +19,11 @@ from stiefax.experiments.cli import CommandError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--seed", type=int, default=0, help="random draw of every check")
   parser.add_argument(
-      "--only", action="append", default=None, metavar="CHECK",
-      help="run only this check (repeatable); names as in the table",
+    "--only",
+    action="append",
+    default=None,
+    metavar="CHECK",
+    help="run only this check (repeatable); names as in the table",
   )
   parser.add_argument("--json", default=None, metavar="PATH", help="also write the records as JSON")
 
@@ -28,14 +31,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def format_table(results) -> str:
   """The certificates as a fixed-width text table."""
   header = (
-      f"{'check':32s} {'proposition':12s} {'residual':>10s} {'tolerance':>10s}"
-      f" {'control':>10s}  result"
+    f"{'check':32s} {'proposition':12s} {'residual':>10s} {'tolerance':>10s}"
+    f" {'control':>10s}  result"
   )
   lines = [header, "-" * len(header)]
   for c in results:
     lines.append(
-        f"{c.name:32s} {c.proposition:12s} {c.residual:10.2e} {c.tolerance:10.0e}"
-        f" {c.control:10.2e}  {'PASS' if c.passed else 'FAIL'}"
+      f"{c.name:32s} {c.proposition:12s} {c.residual:10.2e} {c.tolerance:10.0e}"
+      f" {c.control:10.2e}  {'PASS' if c.passed else 'FAIL'}"
     )
   return "\n".join(lines)
 
@@ -46,9 +49,7 @@ def run(args: argparse.Namespace) -> int:
   if args.only:
     unknown = [n for n in args.only if n not in by_name]
     if unknown:
-      raise CommandError(
-          f"unknown check {unknown[0]!r}; valid checks are: {', '.join(by_name)}"
-      )
+      raise CommandError(f"unknown check {unknown[0]!r}; valid checks are: {', '.join(by_name)}")
     chosen = [by_name[n] for n in args.only]
   start = time.perf_counter()
   results = [cert(args.seed) for cert in chosen]

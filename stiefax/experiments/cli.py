@@ -17,12 +17,12 @@ from typing import Sequence
 
 # name -> (module, one-line help). Order is the order of `stiefax --help`.
 COMMANDS = {
-    "grok": ("stiefax.experiments.grok", "modular-arithmetic grokking (paper 4.3, 4.4)"),
-    "patches": ("stiefax.experiments.patches", "image-patch benchmark (paper 3.3, 4.1-4.7)"),
-    "report": ("stiefax.experiments.report", "tables and plots from a results directory"),
-    "certify": ("stiefax.experiments.certify", "float64 certificates of the propositions"),
-    "equivariance": ("stiefax.experiments.equivariance", "O(d)-equivariance table (paper Table 9)"),
-    "covariance": ("stiefax.experiments.covariance", "covariance of optimizers under symmetries"),
+  "grok": ("stiefax.experiments.grok", "modular-arithmetic grokking (paper 4.3, 4.4)"),
+  "patches": ("stiefax.experiments.patches", "image-patch benchmark (paper 3.3, 4.1-4.7)"),
+  "report": ("stiefax.experiments.report", "tables and plots from a results directory"),
+  "certify": ("stiefax.experiments.certify", "float64 certificates of the propositions"),
+  "equivariance": ("stiefax.experiments.equivariance", "O(d)-equivariance table (paper Table 9)"),
+  "covariance": ("stiefax.experiments.covariance", "covariance of optimizers under symmetries"),
 }
 
 
@@ -59,12 +59,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
   from stiefax import __version__  # pylint: disable=g-import-not-at-top
 
   parser = argparse.ArgumentParser(
-      prog="stiefax",
-      description="Stiefel-manifold attention: experiments, reports and certificates.",
+    prog="stiefax",
+    description="Stiefel-manifold attention: experiments, reports and certificates.",
   )
   parser.add_argument(
-      "--version", action="version", version=f"stiefax {__version__}",
-      help="print the installed stiefax version and exit",
+    "--version",
+    action="version",
+    version=f"stiefax {__version__}",
+    help="print the installed stiefax version and exit",
   )
   sub = parser.add_subparsers(dest="command", metavar="COMMAND")
   sub.required = True

@@ -24,7 +24,8 @@ import argparse
 import json
 import math
 import time
-from typing import Any, Callable
+from typing import Any
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -37,16 +38,16 @@ from stiefax.experiments.cli import CommandError
 
 #: name -> (label, factory). Adam-type rules use eps = 0 so that loss scaling is exact.
 OPTIMIZERS: dict[str, tuple[str, Callable[[], optax.GradientTransformation]]] = {
-    "adamw": ("optax.adamw(1e-2, wd 0.1)", lambda: optax.adamw(1e-2, eps=0.0, weight_decay=0.1)),
-    "adam": ("optax.adam(1e-2)", lambda: optax.adam(1e-2, eps=0.0)),
-    "sgd": ("optax.sgd(1e-2)", lambda: optax.sgd(1e-2)),
-    "radam": ("riemannian_adam (B2)", lambda: stiefax.riemannian_adam(eps=0.0)),
-    "radam-elementwise": (
-        "riemannian_adam elementwise",
-        lambda: stiefax.riemannian_adam(0.03, eps=0.0, moment="elementwise"),
-    ),
-    "rsgd": ("riemannian_sgd (PA16)", lambda: stiefax.riemannian_sgd()),
-    "hyperball": ("hyperball_adam", lambda: stiefax.hyperball_adam(eps=0.0)),
+  "adamw": ("optax.adamw(1e-2, wd 0.1)", lambda: optax.adamw(1e-2, eps=0.0, weight_decay=0.1)),
+  "adam": ("optax.adam(1e-2)", lambda: optax.adam(1e-2, eps=0.0)),
+  "sgd": ("optax.sgd(1e-2)", lambda: optax.sgd(1e-2)),
+  "radam": ("riemannian_adam (B2)", lambda: stiefax.riemannian_adam(eps=0.0)),
+  "radam-elementwise": (
+    "riemannian_adam elementwise",
+    lambda: stiefax.riemannian_adam(0.03, eps=0.0, moment="elementwise"),
+  ),
+  "rsgd": ("riemannian_sgd (PA16)", lambda: stiefax.riemannian_sgd()),
+  "hyperball": ("hyperball_adam", lambda: stiefax.hyperball_adam(eps=0.0)),
 }
 
 #: Optimizers whose points live on St(d, r).
@@ -61,24 +62,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--heads", type=int, default=3, help="frames H (default 3)")
   parser.add_argument("--d", type=int, default=24, help="rows d of each frame (default 24)")
   parser.add_argument("--r", type=int, default=6, help="columns r of each frame (default 6)")
-  parser.add_argument("--trials", type=int, default=3,
-                      help="random draws of the action; the worst is reported (default 3)")
-  parser.add_argument("--scale", type=float, default=3.0,
-                      help="factor c of the parameter rescaling (default 3)")
-  parser.add_argument("--loss-scale", type=float, default=100.0,
-                      help="factor c of the loss scaling l' = c l (default 100)")
+  parser.add_argument(
+    "--trials",
+    type=int,
+    default=3,
+    help="random draws of the action; the worst is reported (default 3)",
+  )
+  parser.add_argument(
+    "--scale", type=float, default=3.0, help="factor c of the parameter rescaling (default 3)"
+  )
+  parser.add_argument(
+    "--loss-scale",
+    type=float,
+    default=100.0,
+    help="factor c of the loss scaling l' = c l (default 100)",
+  )
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--optimizers", default=",".join(OPTIMIZERS),
-                      help=f"comma-separated subset of {','.join(OPTIMIZERS)}")
-  parser.add_argument("--actions", default=",".join(ACTIONS),
-                      help=f"comma-separated subset of {','.join(ACTIONS)}")
-  parser.add_argument("--problems", default=",".join(PROBLEMS),
-                      help=f"comma-separated subset of {','.join(PROBLEMS)}")
-  parser.add_argument("--elr-steps", type=int, default=0,
-                      help="also train the toy attention model this many steps and"
-                      " print the effective learning rates (default 0: skip)")
-  parser.add_argument("--json", default=None, metavar="PATH",
-                      help="also write the results to this JSON file")
+  parser.add_argument(
+    "--optimizers",
+    default=",".join(OPTIMIZERS),
+    help=f"comma-separated subset of {','.join(OPTIMIZERS)}",
+  )
+  parser.add_argument(
+    "--actions", default=",".join(ACTIONS), help=f"comma-separated subset of {','.join(ACTIONS)}"
+  )
+  parser.add_argument(
+    "--problems", default=",".join(PROBLEMS), help=f"comma-separated subset of {','.join(PROBLEMS)}"
+  )
+  parser.add_argument(
+    "--elr-steps",
+    type=int,
+    default=0,
+    help="also train the toy attention model this many steps and"
+    " print the effective learning rates (default 0: skip)",
+  )
+  parser.add_argument(
+    "--json", default=None, metavar="PATH", help="also write the results to this JSON file"
+  )
 
 
 def _subset(value: str, valid, what: str) -> list[str]:
@@ -86,8 +106,8 @@ def _subset(value: str, valid, what: str) -> list[str]:
   bad = [n for n in names if n not in valid]
   if bad or not names:
     raise CommandError(
-        f"unknown {what} {', '.join(map(repr, bad)) or '(none given)'}; choose from"
-        f" {', '.join(valid)}"
+      f"unknown {what} {', '.join(map(repr, bad)) or '(none given)'}; choose from"
+      f" {', '.join(valid)}"
     )
   return names
 
@@ -130,10 +150,10 @@ def _action(name: str, args, rng: np.random.Generator) -> cov.Action:
 
 def _header(name: str, args) -> str:
   return {
-      "left": "left O(d)",
-      "right": "right O(r)",
-      "rescale": f"rescale x{args.scale:g}",
-      "loss": f"loss x{args.loss_scale:g}",
+    "left": "left O(d)",
+    "right": "right O(r)",
+    "rescale": f"rescale x{args.scale:g}",
+    "loss": f"loss x{args.loss_scale:g}",
   }[name]
 
 
@@ -146,8 +166,8 @@ def covariance_table(args, optimizers, actions, problems) -> dict[str, Any]:
       loss_fn, w0 = make_problem(problem, args.heads, args.d, args.r, rng)
       # One set of draws per problem, shared by every optimizer.
       draws = {
-          a: [_action(a, args, rng) for _ in range(args.trials if a in ("left", "right") else 1)]
-          for a in actions
+        a: [_action(a, args, rng) for _ in range(args.trials if a in ("left", "right") else 1)]
+        for a in actions
       }
       table = {}
       for opt in optimizers:
@@ -176,22 +196,26 @@ def _fmt(v) -> str:
 
 def print_table(results, args, optimizers, actions) -> None:
   desc = {
-      "brockett": "f(W) = -sum_h tr(W_h^T A W_h N)",
-      "qk-norm": "f(sqrt(r) W_h / ||W_h||_F): invariant under rescaling each frame",
+    "brockett": "f(W) = -sum_h tr(W_h^T A W_h N)",
+    "qk-norm": "f(sqrt(r) W_h / ||W_h||_F): invariant under rescaling each frame",
   }
   width = max(len(OPTIMIZERS[o][0]) for o in optimizers) + 2
   for problem, table in results.items():
     print(f"problem {problem}: {desc[problem]}")
-    print(f"  H={args.heads} frames in St({args.d}, {args.r}), T={args.steps} steps,"
-          f" float64, max_t max|phi(theta_t) - theta'_t|"
-          f" (rotations: worst of {args.trials} draws)")
+    print(
+      f"  H={args.heads} frames in St({args.d}, {args.r}), T={args.steps} steps,"
+      f" float64, max_t max|phi(theta_t) - theta'_t|"
+      f" (rotations: worst of {args.trials} draws)"
+    )
     print("  " + "optimizer".ljust(width) + "".join(_header(a, args).rjust(14) for a in actions))
     for opt in optimizers:
       cells = "".join(_fmt(table[opt][a]).rjust(14) for a in actions)
       print("  " + OPTIMIZERS[opt][0].ljust(width) + cells)
     print()
-  print("eps = 0 for every Adam-type rule. n/a: c W leaves St(d, r), so the"
-        " Stiefel optimizers have no rescaled counterpart.")
+  print(
+    "eps = 0 for every Adam-type rule. n/a: c W leaves St(d, r), so the"
+    " Stiefel optimizers have no rescaled counterpart."
+  )
 
 
 # ----------------------------------------------------------------------------
@@ -199,7 +223,9 @@ def print_table(results, args, optimizers, actions) -> None:
 # ----------------------------------------------------------------------------
 
 
-def elr_trace(steps: int, seed: int = 0, n: int = 1024, batch: int = 64, noise: float = 0.5) -> dict[str, Any]:
+def elr_trace(
+  steps: int, seed: int = 0, n: int = 1024, batch: int = 64, noise: float = 0.5
+) -> dict[str, Any]:
   """Trains a toy attention regression with B2 and with AdamW, recording ELRs.
 
   The student is ``Dense(MultiHeadDotProductAttention(x) + x)`` with d_model 16,
@@ -218,7 +244,6 @@ def elr_trace(steps: int, seed: int = 0, n: int = 1024, batch: int = 64, noise: 
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
 
   class Toy(nn.Module):
-
     @nn.compact
     def __call__(self, x):
       h = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=16)(x)
@@ -238,17 +263,24 @@ def elr_trace(steps: int, seed: int = 0, n: int = 1024, batch: int = 64, noise: 
 
   def frame_norm(p):
     """Mean ||W_h||_F / sqrt(r) over the query/key frames (1 on St(d, r))."""
-    ws = [frames.to_frames(w) for w, lab in zip(jax.tree.leaves(p), jax.tree.leaves(labels))
-          if lab == "stiefel"]
-    return jnp.mean(jnp.stack([jnp.mean(jnp.sqrt(jnp.sum(w * w, axis=(-2, -1)) / w.shape[-1]))
-                               for w in ws]))
+    ws = [
+      frames.to_frames(w)
+      for w, lab in zip(jax.tree.leaves(p), jax.tree.leaves(labels))
+      if lab == "stiefel"
+    ]
+    return jnp.mean(
+      jnp.stack([jnp.mean(jnp.sqrt(jnp.sum(w * w, axis=(-2, -1)) / w.shape[-1])) for w in ws])
+    )
 
-  adamw = optax.adamw(1e-2, weight_decay=0.05, mask=lambda p: jax.tree.map(lambda a: a.ndim >= 2, p))
+  adamw = optax.adamw(
+    1e-2, weight_decay=0.05, mask=lambda p: jax.tree.map(lambda a: a.ndim >= 2, p)
+  )
   arms = {
-      "B2": stiefax.stiefel_adamw(1e-2, weight_decay=0.05),
-      "B2 lr_R=10": stiefax.stiefel_adamw(
-          1e-2, weight_decay=0.05, stiefel=stiefax.riemannian_adam(10.0, max_norm=tau)),
-      "AdamW": adamw,
+    "B2": stiefax.stiefel_adamw(1e-2, weight_decay=0.05),
+    "B2 lr_R=10": stiefax.stiefel_adamw(
+      1e-2, weight_decay=0.05, stiefel=stiefax.riemannian_adam(10.0, max_norm=tau)
+    ),
+    "AdamW": adamw,
   }
   out: dict[str, Any] = {"steps": list(range(1, steps + 1)), "tau": tau, "arms": {}}
   for arm, tx in arms.items():
@@ -282,13 +314,15 @@ def print_elr(trace: dict[str, Any]) -> None:
   shown = [s for s in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000) if s <= len(steps)]
   if steps and steps[-1] not in shown:
     shown.append(steps[-1])
-  print("effective learning rate ||Delta - radial w|| / ||w|| on the toy attention model"
-        f" (mean over frames / leaves; tau = {tau}):")
+  print(
+    "effective learning rate ||Delta - radial w|| / ||w|| on the toy attention model"
+    f" (mean over frames / leaves; tau = {tau}):"
+  )
   cols = [
-      ("frames/elr", "q/k ELR"),
-      ("frames/norm", "q/k |W|/vr"),
-      ("matrices/elr", "other ELR"),
-      ("loss", "loss"),
+    ("frames/elr", "q/k ELR"),
+    ("frames/norm", "q/k |W|/vr"),
+    ("matrices/elr", "other ELR"),
+    ("loss", "loss"),
   ]
   print("  " + "arm".ljust(12) + "step".rjust(6) + "".join(c[1].rjust(12) for c in cols))
   for arm, t in trace["arms"].items():
@@ -301,10 +335,12 @@ def print_elr(trace: dict[str, Any]) -> None:
     other = np.asarray(t["matrices/elr"])
     norm = np.asarray(t["frames/norm"])
     bind = np.mean(elr >= 0.97 * tau)
-    print(f"  {arm}: q/k ELR in [{elr.min():.3g}, {elr.max():.3g}], median {np.median(elr):.3g},"
-          f" >= 0.97 tau on {100 * bind:.0f}% of steps; |W|/sqrt(r) in"
-          f" [{norm.min():.3g}, {norm.max():.3g}]; other matrices' ELR in"
-          f" [{other.min():.3g}, {other.max():.3g}]; isometry error <= {max(t['isometry']):.1e}")
+    print(
+      f"  {arm}: q/k ELR in [{elr.min():.3g}, {elr.max():.3g}], median {np.median(elr):.3g},"
+      f" >= 0.97 tau on {100 * bind:.0f}% of steps; |W|/sqrt(r) in"
+      f" [{norm.min():.3g}, {norm.max():.3g}]; other matrices' ELR in"
+      f" [{other.min():.3g}, {other.max():.3g}]; isometry error <= {max(t['isometry']):.1e}"
+    )
 
 
 def run(args) -> int:
@@ -317,7 +353,9 @@ def run(args) -> int:
   if args.r > args.d:
     raise CommandError(f"--r {args.r} exceeds --d {args.d}: a Stiefel frame needs r <= d")
   if not (args.scale > 0 and args.loss_scale > 0):
-    raise CommandError(f"--scale and --loss-scale must be positive, got {args.scale}, {args.loss_scale}")
+    raise CommandError(
+      f"--scale and --loss-scale must be positive, got {args.scale}, {args.loss_scale}"
+    )
   if args.elr_steps < 0:
     raise CommandError(f"--elr-steps must be >= 0, got {args.elr_steps}")
   start = time.perf_counter()

@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--heads", type=int, default=3, help="frames per kernel")
   parser.add_argument("--adamw-lr", type=float, default=1e-2, help="AdamW rate (decay 0)")
   parser.add_argument(
-      "--naive-lr", type=float, default=0.03, help="elementwise Riemannian Adam rate"
+    "--naive-lr", type=float, default=0.03, help="elementwise Riemannian Adam rate"
   )
   parser.add_argument("--lr", type=float, default=1.0, help="corrected Riemannian Adam rate")
   parser.add_argument("--sgd-lr", type=float, default=0.02, help="Riemannian SGD rate")
@@ -41,13 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def optimizers(args: argparse.Namespace) -> list[tuple[str, optax.GradientTransformation]]:
   """The rows of Table 9: (name, transform)."""
   return [
-      ("AdamW (decay 0)", optax.adamw(args.adamw_lr, weight_decay=0.0)),
-      (
-          "Riemannian Adam, elementwise v",
-          stiefax.riemannian_adam(args.naive_lr, moment="elementwise"),
-      ),
-      ("Riemannian Adam, scalar v (B2)", stiefax.riemannian_adam(args.lr)),
-      ("Riemannian SGD (PA16)", stiefax.riemannian_sgd(args.sgd_lr)),
+    ("AdamW (decay 0)", optax.adamw(args.adamw_lr, weight_decay=0.0)),
+    (
+      "Riemannian Adam, elementwise v",
+      stiefax.riemannian_adam(args.naive_lr, moment="elementwise"),
+    ),
+    ("Riemannian Adam, scalar v (B2)", stiefax.riemannian_adam(args.lr)),
+    ("Riemannian SGD (PA16)", stiefax.riemannian_sgd(args.sgd_lr)),
   ]
 
 
@@ -58,18 +58,25 @@ def run(args: argparse.Namespace) -> int:
     raise CommandError(f"--r {args.r} exceeds --d {args.d}; a frame needs r <= d")
   key = jax.random.key(args.seed)
   print(
-      f"Table 9: max|W_T^(Q) - Q^T W_T|, worst of {args.rotations} rotations,"
-      f" f(W) = -tr(W^T A W), d={args.d}, r={args.r}, H={args.heads},"
-      f" T={args.steps}, float64"
+    f"Table 9: max|W_T^(Q) - Q^T W_T|, worst of {args.rotations} rotations,"
+    f" f(W) = -tr(W^T A W), d={args.d}, r={args.r}, H={args.heads},"
+    f" T={args.steps}, float64"
   )
   header = f"{'optimizer':34s} {'violation':>10s}  equivariant"
   print(header)
   print("-" * len(header))
   with jax.enable_x64(True):
     for name, tx in optimizers(args):
-      v = float(equivariance_violation(
-          tx, key=key, d=args.d, r=args.r, heads=args.heads, steps=args.steps,
+      v = float(
+        equivariance_violation(
+          tx,
+          key=key,
+          d=args.d,
+          r=args.r,
+          heads=args.heads,
+          steps=args.steps,
           rotations=args.rotations,
-      ))
+        )
+      )
       print(f"{name:34s} {v:10.2e}  {'yes' if v < EQUIVARIANT_BELOW else 'no'}")
   return 0

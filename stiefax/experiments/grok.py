@@ -63,17 +63,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import math
 import os
 import pathlib
 import sys
 import time
-from typing import Any, Optional, Sequence
+from typing import Any
+from typing import Optional
+from typing import Sequence
 
 import numpy as np
 
-from stiefax.experiments.cli import CommandError, writable_dir
+from stiefax.experiments.cli import CommandError
+from stiefax.experiments.cli import writable_dir
 
 # ----------------------------------------------------------------------------
 # Configuration.
@@ -111,12 +113,13 @@ class GrokConfig:
 PAPER = GrokConfig()
 STABILIZED = dict(b2=0.98, warmup=10)  # Power et al. (2022)
 
-QUICK = dataclasses.replace(PAPER, modulus=23, train_fraction=0.7, weight_decay=5.0,
-                            **STABILIZED, epochs=800, eval_every=50)
+QUICK = dataclasses.replace(
+  PAPER, modulus=23, train_fraction=0.7, weight_decay=5.0, **STABILIZED, epochs=800, eval_every=50
+)
 
 PRESETS = {
-    "quick": dict(config=QUICK, arms=("A2", "B2"), seeds=(0,)),
-    "paper": dict(config=PAPER, arms=("A2", "B2"), seeds=(0,)),
+  "quick": dict(config=QUICK, arms=("A2", "B2"), seeds=(0,)),
+  "paper": dict(config=PAPER, arms=("A2", "B2"), seeds=(0,)),
 }
 
 
@@ -133,20 +136,21 @@ class Arm:
 
 
 ARMS = {
-    "A2": Arm("AdamW everywhere (decay on W_Q, W_K too)", "adamw", orthonormal=False),
-    "B2": Arm("Riemannian Adam on W_Q, W_K", "riemannian"),
-    "B2m": Arm("tangent projection + elementwise Adam, no cap", "elementwise"),
-    "B2m-can": Arm("B2m with the canonical gradient", "elementwise-canonical"),
-    "B2-frz": Arm("W_Q, W_K frozen at orthonormal init", "frozen"),
-    "A2-nwf": Arm("A2 without decay on W_Q, W_K", "adam", orthonormal=False),
-    "B2-hi": Arm("B2 with circuit decay 2.0", "riemannian", weight_decay=2.0),
-    "B2-sn": Arm("B2 with circuit init 0.1x", "riemannian", circuit_init_scale=0.1),
-    "B2-comb": Arm("B2-hi + B2-sn", "riemannian", weight_decay=2.0, circuit_init_scale=0.1),
-    "B2-mmuon": Arm("manifold Muon on W_Q, W_K (rate 0.05)", "mmuon"),
-    "A2-muon": Arm("optax.contrib.muon on W_Q, W_K (rate 0.02), unconstrained", "muon",
-                   orthonormal=False),
-    "B2-qr": Arm("B2 with the QR retraction", "riemannian-qr"),
-    "B2-cayley": Arm("B2 with the Cayley retraction", "riemannian-cayley"),
+  "A2": Arm("AdamW everywhere (decay on W_Q, W_K too)", "adamw", orthonormal=False),
+  "B2": Arm("Riemannian Adam on W_Q, W_K", "riemannian"),
+  "B2m": Arm("tangent projection + elementwise Adam, no cap", "elementwise"),
+  "B2m-can": Arm("B2m with the canonical gradient", "elementwise-canonical"),
+  "B2-frz": Arm("W_Q, W_K frozen at orthonormal init", "frozen"),
+  "A2-nwf": Arm("A2 without decay on W_Q, W_K", "adam", orthonormal=False),
+  "B2-hi": Arm("B2 with circuit decay 2.0", "riemannian", weight_decay=2.0),
+  "B2-sn": Arm("B2 with circuit init 0.1x", "riemannian", circuit_init_scale=0.1),
+  "B2-comb": Arm("B2-hi + B2-sn", "riemannian", weight_decay=2.0, circuit_init_scale=0.1),
+  "B2-mmuon": Arm("manifold Muon on W_Q, W_K (rate 0.05)", "mmuon"),
+  "A2-muon": Arm(
+    "optax.contrib.muon on W_Q, W_K (rate 0.02), unconstrained", "muon", orthonormal=False
+  ),
+  "B2-qr": Arm("B2 with the QR retraction", "riemannian-qr"),
+  "B2-cayley": Arm("B2 with the Cayley retraction", "riemannian-cayley"),
 }
 # Frame rates of the optimizer-family arms (grok has no rate selection).
 MMUON_LR, MUON_LR = 0.05, 0.02
@@ -217,16 +221,16 @@ def run_metrics(history: dict, config: GrokConfig) -> dict:
   """The per-run metrics of the paper from an evaluation history."""
   ep, tr, te, iso = (history[k] for k in ("epoch", "train_acc", "test_acc", "isometry"))
   return {
-      "memorized_epoch": memorized_epoch(ep, tr, config.memorize_threshold),
-      "grokked_epoch": grokked_epoch(ep, te, config.grok_threshold),
-      "sustained_epoch": sustained_epoch(ep, te, config.grok_threshold, config.sustain_k),
-      "end_train_acc": float(tr[-1]),
-      "end_test_acc": float(te[-1]),
-      "tail_test_acc": tail_mean(ep, te, config.tail_fraction),
-      "initial_isometry": float(iso[0]),
-      "final_isometry": float(iso[-1]),
-      "max_isometry": float(np.max(iso)),
-      "max_isometry_after_init": float(np.max(iso[1:])) if len(iso) > 1 else float(iso[0]),
+    "memorized_epoch": memorized_epoch(ep, tr, config.memorize_threshold),
+    "grokked_epoch": grokked_epoch(ep, te, config.grok_threshold),
+    "sustained_epoch": sustained_epoch(ep, te, config.grok_threshold, config.sustain_k),
+    "end_train_acc": float(tr[-1]),
+    "end_test_acc": float(te[-1]),
+    "tail_test_acc": tail_mean(ep, te, config.tail_fraction),
+    "initial_isometry": float(iso[0]),
+    "final_isometry": float(iso[-1]),
+    "max_isometry": float(np.max(iso)),
+    "max_isometry_after_init": float(np.max(iso[1:])) if len(iso) > 1 else float(iso[0]),
   }
 
 
@@ -242,18 +246,18 @@ def make_data(config: GrokConfig, seed: int) -> dict:
   a, b = a.ravel(), b.ravel()
   x = np.stack([a, b, np.full_like(a, p)], axis=1).astype(np.int32)
   y = ((a + b) % p).astype(np.int32)
-  n_train = int(round(config.train_fraction * p * p))
+  n_train = round(config.train_fraction * p * p)
   if not 0 < n_train < p * p:
     raise CommandError(
-        f"train_fraction {config.train_fraction} leaves {n_train} of {p * p} pairs for"
-        " training; it must leave at least one pair on each side."
+      f"train_fraction {config.train_fraction} leaves {n_train} of {p * p} pairs for"
+      " training; it must leave at least one pair on each side."
     )
   perm = np.random.default_rng(seed).permutation(p * p)
   tr, te = perm[:n_train], perm[n_train:]
   return {"x_train": x[tr], "y_train": y[tr], "x_test": x[te], "y_test": y[te]}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _model(config: GrokConfig):
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -265,10 +269,10 @@ def _model(config: GrokConfig):
     def __call__(self, x):
       h = nn.LayerNorm(name="ln_attn")(x)
       h = nn.MultiHeadDotProductAttention(
-          num_heads=config.num_heads,
-          qkv_features=config.num_heads * config.head_dim,
-          out_features=config.d_model,
-          name="attn",
+        num_heads=config.num_heads,
+        qkv_features=config.num_heads * config.head_dim,
+        out_features=config.d_model,
+        name="attn",
       )(h)
       x = x + h
       h = nn.LayerNorm(name="ln_ffn")(x)
@@ -283,7 +287,8 @@ def _model(config: GrokConfig):
     def __call__(self, tokens):
       x = nn.Embed(config.modulus + 1, config.d_model, name="token_embed")(tokens)
       pos = nn.Embed(tokens.shape[-1], config.d_model, name="pos_embed")(
-          jnp.arange(tokens.shape[-1]))
+        jnp.arange(tokens.shape[-1])
+      )
       x = x + pos[None]
       for i in range(config.num_layers):
         x = Block(name=f"block_{i}")(x)
@@ -307,7 +312,7 @@ def _key_labels(params):
   return stiefax.flax.qk_labels(params, modules=("key",))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _jitted_init(config: GrokConfig):
   import jax  # pylint: disable=g-import-not-at-top
 
@@ -318,6 +323,7 @@ def init_params(config: GrokConfig, arm: Arm, seed: int):
   """The arm's starting point: the seed's default init, frames snapped if Stiefel."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
   import stiefax  # pylint: disable=g-import-not-at-top
 
   params = _jitted_init(config)(jax.random.key(seed), jnp.zeros((1, 3), jnp.int32))
@@ -325,8 +331,10 @@ def init_params(config: GrokConfig, arm: Arm, seed: int):
   if arm.circuit_init_scale != 1.0:
     s = arm.circuit_init_scale
     params = jax.tree.map(
-        lambda lab, w: w * jnp.asarray(s, w.dtype) if lab != "stiefel" and w.ndim >= 2 else w,
-        labels, params)
+      lambda lab, w: w * jnp.asarray(s, w.dtype) if lab != "stiefel" and w.ndim >= 2 else w,
+      labels,
+      params,
+    )
   if arm.orthonormal:
     params = stiefax.flax.project_params(params, labels)
   return params
@@ -336,6 +344,7 @@ def make_optimizer(config: GrokConfig, arm: Arm):
   """The arm's optimizer for the whole model (an ``optax.GradientTransformation``)."""
   import jax  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
+
   import stiefax  # pylint: disable=g-import-not-at-top
 
   def rate(value):
@@ -347,29 +356,44 @@ def make_optimizer(config: GrokConfig, arm: Arm):
   wd = config.weight_decay if arm.weight_decay is None else arm.weight_decay
   b1, b2 = config.b1, config.b2
   if arm.rule == "adamw":
-    return optax.adamw(lr, b1=b1, b2=b2, weight_decay=wd,
-                       mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p))
+    return optax.adamw(
+      lr, b1=b1, b2=b2, weight_decay=wd, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)
+    )
   frames = {
-      "riemannian": lambda: stiefax.riemannian_adam(
-          rate(config.riemannian_lr), b1, b2, eps=config.riemannian_eps, max_norm=config.tau),
-      "elementwise": lambda: stiefax.riemannian_adam(
-          lr, b1, b2, moment="elementwise", max_norm=None),
-      "elementwise-canonical": lambda: stiefax.riemannian_adam(
-          lr, b1, b2, moment="elementwise", max_norm=None, projector="canonical"),
-      "frozen": optax.set_to_zero,
-      "adam": lambda: optax.adam(lr, b1=b1, b2=b2),
-      "riemannian-qr": lambda: stiefax.riemannian_adam(
-          rate(config.riemannian_lr), b1, b2, eps=config.riemannian_eps, max_norm=config.tau,
-          retraction="qr"),
-      "riemannian-cayley": lambda: stiefax.riemannian_adam(
-          rate(config.riemannian_lr), b1, b2, eps=config.riemannian_eps, max_norm=config.tau,
-          retraction="cayley"),
-      "mmuon": lambda: stiefax.manifold_muon(rate(MMUON_LR)),
-      # (d, heads, r) kernels: reduce over d, one matrix per head; decayed like A2.
-      "muon": lambda: optax.contrib.muon(
-          rate(MUON_LR), weight_decay=wd,
-          muon_weight_dimension_numbers=lambda p: jax.tree.map(
-              lambda _: optax.contrib.MuonDimensionNumbers(0, 2), p)),
+    "riemannian": lambda: stiefax.riemannian_adam(
+      rate(config.riemannian_lr), b1, b2, eps=config.riemannian_eps, max_norm=config.tau
+    ),
+    "elementwise": lambda: stiefax.riemannian_adam(lr, b1, b2, moment="elementwise", max_norm=None),
+    "elementwise-canonical": lambda: stiefax.riemannian_adam(
+      lr, b1, b2, moment="elementwise", max_norm=None, projector="canonical"
+    ),
+    "frozen": optax.set_to_zero,
+    "adam": lambda: optax.adam(lr, b1=b1, b2=b2),
+    "riemannian-qr": lambda: stiefax.riemannian_adam(
+      rate(config.riemannian_lr),
+      b1,
+      b2,
+      eps=config.riemannian_eps,
+      max_norm=config.tau,
+      retraction="qr",
+    ),
+    "riemannian-cayley": lambda: stiefax.riemannian_adam(
+      rate(config.riemannian_lr),
+      b1,
+      b2,
+      eps=config.riemannian_eps,
+      max_norm=config.tau,
+      retraction="cayley",
+    ),
+    "mmuon": lambda: stiefax.manifold_muon(rate(MMUON_LR)),
+    # (d, heads, r) kernels: reduce over d, one matrix per head; decayed like A2.
+    "muon": lambda: optax.contrib.muon(
+      rate(MUON_LR),
+      weight_decay=wd,
+      muon_weight_dimension_numbers=lambda p: jax.tree.map(
+        lambda _: optax.contrib.MuonDimensionNumbers(0, 2), p
+      ),
+    ),
   }[arm.rule]()
   return stiefax.stiefel_adamw(lr, wd, b1=b1, b2=b2, stiefel=frames)
 
@@ -379,7 +403,7 @@ def make_optimizer(config: GrokConfig, arm: Arm):
 # ----------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _programs(config: GrokConfig, arm: Arm, vmapped: bool = False, donate: bool = True):
   """Jitted ``(init_state, train_chunk, evaluate)``, shared by every seed of an arm.
 
@@ -392,6 +416,7 @@ def _programs(config: GrokConfig, arm: Arm, vmapped: bool = False, donate: bool 
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
+
   import stiefax  # pylint: disable=g-import-not-at-top
 
   model = _model(config)
@@ -407,11 +432,11 @@ def _programs(config: GrokConfig, arm: Arm, vmapped: bool = False, donate: bool 
     loss, train_acc = loss_and_acc(params, data["x_train"], data["y_train"])
     _, test_acc = loss_and_acc(params, data["x_test"], data["y_test"])
     return {
-        "train_loss": loss,
-        "train_acc": train_acc,
-        "test_acc": test_acc,
-        "isometry": stiefax.diagnostics.isometry_error(params, _query_labels),
-        "isometry_key": stiefax.diagnostics.isometry_error(params, _key_labels),
+      "train_loss": loss,
+      "train_acc": train_acc,
+      "test_acc": test_acc,
+      "isometry": stiefax.diagnostics.isometry_error(params, _query_labels),
+      "isometry_key": stiefax.diagnostics.isometry_error(params, _key_labels),
     }
 
   def step(carry, _):
@@ -428,15 +453,18 @@ def _programs(config: GrokConfig, arm: Arm, vmapped: bool = False, donate: bool 
 
   def train_chunk(params, opt_state, data):
     (params, opt_state, _), elr = jax.lax.scan(
-        step, (params, opt_state, data), None, length=config.eval_every)
+      step, (params, opt_state, data), None, length=config.eval_every
+    )
     ev = evaluate(params, data)
     ev.update({k: jnp.mean(v) for k, v in elr.items()})  # mean over the chunk's steps
     return params, opt_state, ev
 
   batch = jax.vmap if vmapped else (lambda f: f)
-  return (jax.jit(tx.init),
-          jax.jit(batch(train_chunk), donate_argnums=(0, 1) if donate else ()),
-          jax.jit(batch(evaluate)))
+  return (
+    jax.jit(tx.init),
+    jax.jit(batch(train_chunk), donate_argnums=(0, 1) if donate else ()),
+    jax.jit(batch(evaluate)),
+  )
 
 
 class Checkpoints:
@@ -459,10 +487,12 @@ class Checkpoints:
     if self._manager is None:
       import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
-      options = ocp.CheckpointManagerOptions(max_to_keep=1, create=True,
-                                             enable_async_checkpointing=False)
-      self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                            item_names=("state", "meta"))
+      options = ocp.CheckpointManagerOptions(
+        max_to_keep=1, create=True, enable_async_checkpointing=False
+      )
+      self._manager = ocp.CheckpointManager(
+        self.directory, options=options, item_names=("state", "meta")
+      )
     return self._manager
 
   def latest_epoch(self) -> Optional[int]:
@@ -473,9 +503,14 @@ class Checkpoints:
   def save(self, epoch: int, params, opt_state, meta: dict) -> None:
     import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
-    self._open().save(epoch, args=ocp.args.Composite(
+    self._open().save(
+      epoch,
+      args=ocp.args.Composite(
         state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
-        meta=ocp.args.JsonSave(meta)), force=True)
+        meta=ocp.args.JsonSave(meta),
+      ),
+      force=True,
+    )
 
   def restore(self, epoch: int, params, opt_state) -> tuple[Any, Any, dict]:
     """``(params, opt_state, meta)`` saved at ``epoch``; ``params``, ``opt_state``
@@ -485,8 +520,12 @@ class Checkpoints:
 
     target = {"params": params, "opt_state": opt_state}
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
-    got = self._open().restore(epoch, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+    got = self._open().restore(
+      epoch,
+      args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+      ),
+    )
     # Orbax returns optax's named tuples as plain tuples: rebuild the original tree.
     state = jax.tree.unflatten(jax.tree.structure(target), jax.tree.leaves(got["state"]))
     return state["params"], state["opt_state"], dict(got["meta"])
@@ -519,8 +558,12 @@ class _StopRequest:
     if self.requested:
       raise KeyboardInterrupt
     self.requested = True
-    print("\nstiefax grok: stopping at the next evaluation and saving a checkpoint"
-          " (Ctrl-C again to stop now)", file=sys.stderr, flush=True)
+    print(
+      "\nstiefax grok: stopping at the next evaluation and saving a checkpoint"
+      " (Ctrl-C again to stop now)",
+      file=sys.stderr,
+      flush=True,
+    )
 
   def __enter__(self):
     import signal  # pylint: disable=g-import-not-at-top
@@ -538,8 +581,15 @@ class _StopRequest:
       self._previous = None
 
 
-def train(config: GrokConfig, arm_name: str, seed: int, *, progress: bool = True,
-          checkpoints: Optional[Checkpoints] = None, checkpoint_every: int = 0) -> dict:
+def train(
+  config: GrokConfig,
+  arm_name: str,
+  seed: int,
+  *,
+  progress: bool = True,
+  checkpoints: Optional[Checkpoints] = None,
+  checkpoint_every: int = 0,
+) -> dict:
   """Trains one arm from one seed; returns the run record (the JSON schema).
 
   With ``checkpoints``, a run starts from the latest checkpoint there if there is one,
@@ -547,9 +597,15 @@ def train(config: GrokConfig, arm_name: str, seed: int, *, progress: bool = True
   the next evaluation and raises ``KeyboardInterrupt``. The arithmetic of a resumed run
   is that of the uninterrupted run: the same compiled programs on the same arrays.
   """
-  return train_seeds(config, arm_name, [seed], progress=progress,
-                     checkpoints=None if checkpoints is None else [checkpoints],
-                     checkpoint_every=checkpoint_every, vmap=False)[0]
+  return train_seeds(
+    config,
+    arm_name,
+    [seed],
+    progress=progress,
+    checkpoints=None if checkpoints is None else [checkpoints],
+    checkpoint_every=checkpoint_every,
+    vmap=False,
+  )[0]
 
 
 def _stack(trees):
@@ -565,9 +621,16 @@ def _unstack(tree, n: int) -> list:
   return [jax.tree.map(lambda x, i=i: x[i], tree) for i in range(n)]
 
 
-def train_seeds(config: GrokConfig, arm_name: str, seeds: Sequence[int], *,
-                progress: bool = True, checkpoints: Optional[Sequence[Checkpoints]] = None,
-                checkpoint_every: int = 0, vmap: bool = True) -> list[dict]:
+def train_seeds(
+  config: GrokConfig,
+  arm_name: str,
+  seeds: Sequence[int],
+  *,
+  progress: bool = True,
+  checkpoints: Optional[Sequence[Checkpoints]] = None,
+  checkpoint_every: int = 0,
+  vmap: bool = True,
+) -> list[dict]:
   """Trains one arm from several seeds in step; returns one run record per seed.
 
   ``vmap``: the seeds are a batch axis of one compiled program (``jax.vmap`` of the
@@ -589,8 +652,10 @@ def train_seeds(config: GrokConfig, arm_name: str, seeds: Sequence[int], *,
   params = [init_params(config, arm, s) for s in seeds]
   opt_init, train_chunk, evaluate = _programs(config, arm, vmap)
   opt_state = [opt_init(p) for p in params]
-  histories = [{k: [] for k in ("epoch", "train_acc", "test_acc", "train_loss",
-                                "isometry", "isometry_key")} for _ in seeds]
+  histories = [
+    {k: [] for k in ("epoch", "train_acc", "test_acc", "train_loss", "isometry", "isometry_key")}
+    for _ in seeds
+  ]
 
   def record(epoch, ev):
     ev = jax.device_get(ev)
@@ -604,21 +669,27 @@ def train_seeds(config: GrokConfig, arm_name: str, seeds: Sequence[int], *,
   epoch, earlier_wall, resumed_from = 0, [0.0] * n, None
   latest = {checkpoints[i].latest_epoch() for i in range(n)} if checkpoints else {None}
   if len(latest) > 1:
-    raise CommandError(f"{arm_name} seeds {seeds}: checkpoints at different epochs"
-                       f" {sorted(latest, key=str)}; train them in separate commands.")
+    raise CommandError(
+      f"{arm_name} seeds {seeds}: checkpoints at different epochs"
+      f" {sorted(latest, key=str)}; train them in separate commands."
+    )
   latest = latest.pop()
   if latest is not None:
     for i, s in enumerate(seeds):
       params[i], opt_state[i], meta = checkpoints[i].restore(latest, params[i], opt_state[i])
       if meta.get("seed") != s or meta.get("epoch") != latest:
         raise CommandError(
-            f"checkpoint {checkpoints[i].directory} holds seed {meta.get('seed')} at epoch"
-            f" {meta.get('epoch')}, not seed {s} at {latest}; move it away to train this"
-            " run afresh.")
+          f"checkpoint {checkpoints[i].directory} holds seed {meta.get('seed')} at epoch"
+          f" {meta.get('epoch')}, not seed {s} at {latest}; move it away to train this"
+          " run afresh."
+        )
       histories[i], earlier_wall[i] = meta["history"], float(meta["wall_time"])
     epoch = resumed_from = latest
-    print(f"  {arm_name} seed{'s' * (n > 1)} {','.join(map(str, seeds))}: resuming from the"
-          f" checkpoint at epoch {latest}", flush=True)
+    print(
+      f"  {arm_name} seed{'s' * (n > 1)} {','.join(map(str, seeds))}: resuming from the"
+      f" checkpoint at epoch {latest}",
+      flush=True,
+    )
   if vmap:
     params, opt_state = _stack(params), _stack(opt_state)
     data = _stack(datas)
@@ -628,32 +699,57 @@ def train_seeds(config: GrokConfig, arm_name: str, seeds: Sequence[int], *,
     record(0, evaluate(params, data))
 
   def save():
-    per_seed = zip(_unstack(params, n), _unstack(opt_state, n)) if vmap else [
-        (params, opt_state)]
+    per_seed = zip(_unstack(params, n), _unstack(opt_state, n)) if vmap else [(params, opt_state)]
     for i, (p, o) in enumerate(per_seed):
-      checkpoints[i].save(epoch, p, o, {
-          "epoch": epoch, "seed": seeds[i], "arm": arm_name, "history": histories[i],
-          "wall_time": earlier_wall[i] + time.perf_counter() - start})
+      checkpoints[i].save(
+        epoch,
+        p,
+        o,
+        {
+          "epoch": epoch,
+          "seed": seeds[i],
+          "arm": arm_name,
+          "history": histories[i],
+          "wall_time": earlier_wall[i] + time.perf_counter() - start,
+        },
+      )
 
   desc = f"{arm_name} seed{'s' * (n > 1)} {','.join(map(str, seeds))}"
-  bar = tqdm(total=config.epochs, initial=epoch, desc=desc, unit="epoch",
-             disable=not progress, leave=True, file=sys.stderr)
+  bar = tqdm(
+    total=config.epochs,
+    initial=epoch,
+    desc=desc,
+    unit="epoch",
+    disable=not progress,
+    leave=True,
+    file=sys.stderr,
+  )
   with _StopRequest() as stop:
     while epoch < config.epochs:
       params, opt_state, ev = train_chunk(params, opt_state, data)
       epoch += config.eval_every
       ev = record(epoch, ev)
-      bar.set_postfix(train=f"{ev['train_acc']:.3f}", test=f"{ev['test_acc']:.3f}",
-                      iso=f"{ev['isometry']:.1e}", refresh=False)
+      bar.set_postfix(
+        train=f"{ev['train_acc']:.3f}",
+        test=f"{ev['test_acc']:.3f}",
+        iso=f"{ev['isometry']:.1e}",
+        refresh=False,
+      )
       bar.update(config.eval_every)
-      if checkpoints and epoch < config.epochs and (
-          stop.requested or (checkpoint_every and epoch % checkpoint_every == 0)):
+      if (
+        checkpoints
+        and epoch < config.epochs
+        and (stop.requested or (checkpoint_every and epoch % checkpoint_every == 0))
+      ):
         save()
       if stop.requested and epoch < config.epochs:
         bar.close()
         where = f"; checkpoint at epoch {epoch}" if checkpoints else ""
-        print(f"stiefax grok: stopped {desc} at epoch {epoch}{where};"
-              " the same command resumes it", file=sys.stderr, flush=True)
+        print(
+          f"stiefax grok: stopped {desc} at epoch {epoch}{where}; the same command resumes it",
+          file=sys.stderr,
+          flush=True,
+        )
         raise KeyboardInterrupt
   bar.close()
   for c in checkpoints or ():
@@ -663,25 +759,27 @@ def train_seeds(config: GrokConfig, arm_name: str, seeds: Sequence[int], *,
   records = []
   for i, s in enumerate(seeds):
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(per_seed[i]))
-    records.append({
+    records.append(
+      {
         "experiment": "grok",
         "arm": arm_name,
         "seed": s,
         "config": {
-            **dataclasses.asdict(config),
-            "arm": dataclasses.asdict(arm),
-            "n_train": int(datas[i]["y_train"].shape[0]),
-            "n_test": int(datas[i]["y_test"].shape[0]),
-            "n_params": n_params,
-            "jax_version": jax.__version__,
-            "backend": jax.default_backend(),
+          **dataclasses.asdict(config),
+          "arm": dataclasses.asdict(arm),
+          "n_train": int(datas[i]["y_train"].shape[0]),
+          "n_test": int(datas[i]["y_test"].shape[0]),
+          "n_params": n_params,
+          "jax_version": jax.__version__,
+          "backend": jax.default_backend(),
         },
         "metrics": run_metrics(histories[i], config),
         "history": histories[i],
         "wall_time": earlier_wall[i] + wall,  # with vmap: the batch's time, shared
         "vmapped_seeds": seeds if vmap else None,
         "resumed_from": resumed_from,
-    })
+      }
+    )
   return records
 
 
@@ -693,26 +791,48 @@ def train_seeds(config: GrokConfig, arm_name: str, seeds: Sequence[int], *,
 def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.description = __doc__
   parser.formatter_class = argparse.RawDescriptionHelpFormatter
-  parser.add_argument("--preset", choices=sorted(PRESETS), default="quick",
-                      help="configuration preset (default: quick)")
-  parser.add_argument("--arms", default=None,
-                      help=f"comma-separated arms from {','.join(ARMS)} (default: A2,B2)")
-  parser.add_argument("--seeds", default=None,
-                      help="comma-separated non-negative integer seeds (default: 0)")
-  parser.add_argument("--epochs", type=int, default=None,
-                      help="full-batch epochs (quick: 200, paper: 20000)")
-  parser.add_argument("--eval-every", type=int, default=None,
-                      help="epochs between evaluations (quick: 20, paper: 100)")
-  parser.add_argument("--out", default="runs/grok",
-                      help="directory for one JSON file per run (default: runs/grok)")
-  parser.add_argument("--stabilize", action="store_true",
-                      help="Power et al. setting: b2 0.98 and a 10-step linear warm-up")
-  parser.add_argument("--vmap-seeds", action="store_true",
-                      help="train the seeds of an arm as one program, the seed a batch axis"
-                           " (jax.vmap; pays on an accelerator)")
-  parser.add_argument("--checkpoint-every", type=int, default=None,
-                      help="epochs between checkpoints of an unfinished run, rounded up to"
-                           " a multiple of --eval-every; 0: only on Ctrl-C (default: 1000)")
+  parser.add_argument(
+    "--preset",
+    choices=sorted(PRESETS),
+    default="quick",
+    help="configuration preset (default: quick)",
+  )
+  parser.add_argument(
+    "--arms", default=None, help=f"comma-separated arms from {','.join(ARMS)} (default: A2,B2)"
+  )
+  parser.add_argument(
+    "--seeds", default=None, help="comma-separated non-negative integer seeds (default: 0)"
+  )
+  parser.add_argument(
+    "--epochs", type=int, default=None, help="full-batch epochs (quick: 200, paper: 20000)"
+  )
+  parser.add_argument(
+    "--eval-every",
+    type=int,
+    default=None,
+    help="epochs between evaluations (quick: 20, paper: 100)",
+  )
+  parser.add_argument(
+    "--out", default="runs/grok", help="directory for one JSON file per run (default: runs/grok)"
+  )
+  parser.add_argument(
+    "--stabilize",
+    action="store_true",
+    help="Power et al. setting: b2 0.98 and a 10-step linear warm-up",
+  )
+  parser.add_argument(
+    "--vmap-seeds",
+    action="store_true",
+    help="train the seeds of an arm as one program, the seed a batch axis"
+    " (jax.vmap; pays on an accelerator)",
+  )
+  parser.add_argument(
+    "--checkpoint-every",
+    type=int,
+    default=None,
+    help="epochs between checkpoints of an unfinished run, rounded up to"
+    " a multiple of --eval-every; 0: only on Ctrl-C (default: 1000)",
+  )
 
 
 def _parse_arms(text: Optional[str], default: Sequence[str]) -> list[str]:
@@ -724,7 +844,8 @@ def _parse_arms(text: Optional[str], default: Sequence[str]) -> list[str]:
   unknown = [a for a in arms if a not in ARMS]
   if unknown:
     raise CommandError(
-        f"unknown arm(s) {','.join(unknown)} in --arms; choose from {','.join(ARMS)}.")
+      f"unknown arm(s) {','.join(unknown)} in --arms; choose from {','.join(ARMS)}."
+    )
   return list(dict.fromkeys(arms))
 
 
@@ -738,7 +859,8 @@ def _parse_seeds(text: Optional[str], default: Sequence[int]) -> list[int]:
     seeds = [int(s) for s in parts]
   except ValueError:
     raise CommandError(
-        f"--seeds {text!r} must be comma-separated integers, e.g. --seeds 0,1,2.") from None
+      f"--seeds {text!r} must be comma-separated integers, e.g. --seeds 0,1,2."
+    ) from None
   if any(s < 0 for s in seeds):
     raise CommandError(f"--seeds {text!r}: seeds must be non-negative integers.")
   return list(dict.fromkeys(seeds))
@@ -762,8 +884,9 @@ def resolve_config(args: argparse.Namespace) -> tuple[GrokConfig, list[str], lis
     raise CommandError(f"--eval-every {config.eval_every} must be a positive integer.")
   if config.epochs % config.eval_every:
     raise CommandError(
-        f"--epochs {config.epochs} is not a multiple of --eval-every {config.eval_every};"
-        " every evaluation window must have the same length (one compiled program).")
+      f"--epochs {config.epochs} is not a multiple of --eval-every {config.eval_every};"
+      " every evaluation window must have the same length (one compiled program)."
+    )
   every = getattr(args, "checkpoint_every", None)
   if every is not None and every < 0:
     raise CommandError(f"--checkpoint-every {every} must be >= 0 (0: only on Ctrl-C).")
@@ -779,20 +902,31 @@ def checkpoint_interval(config: GrokConfig, every: Optional[int]) -> int:
 def run_identity(config: GrokConfig, arm: str, preset: str) -> dict:
   """What decides a run's result, except its seed: the preset, every field of
   ``config`` (budget, model, optimizer, thresholds) and the arm's definition."""
-  return {"experiment": "grok", "preset": preset, "arm": arm,
-          "arm_definition": dataclasses.asdict(ARMS[arm]), **dataclasses.asdict(config)}
+  return {
+    "experiment": "grok",
+    "preset": preset,
+    "arm": arm,
+    "arm_definition": dataclasses.asdict(ARMS[arm]),
+    **dataclasses.asdict(config),
+  }
 
 
 def record_identity(record: dict) -> dict:
   """:func:`run_identity` of a written run (``KeyError`` if its config lacks a field)."""
   c = record["config"]
   fields = {f.name: c[f.name] for f in dataclasses.fields(GrokConfig)}
-  return {"experiment": "grok", "preset": c.get("preset"), "arm": record["arm"],
-          "arm_definition": c["arm"], **fields}
+  return {
+    "experiment": "grok",
+    "preset": c.get("preset"),
+    "arm": record["arm"],
+    "arm_definition": c["arm"],
+    **fields,
+  }
 
 
-def run_file_name(config: GrokConfig, arm: str, seed: int, preset: str,
-                  stabilize: bool = False) -> str:
+def run_file_name(
+  config: GrokConfig, arm: str, seed: int, preset: str, stabilize: bool = False
+) -> str:
   """``<arm>[-stab]-<preset>-e<epochs>-<config hash>-s<seed>.json``.
 
   The hash (:func:`stiefax.experiments.store.digest` of :func:`run_identity`) makes the
@@ -802,19 +936,31 @@ def run_file_name(config: GrokConfig, arm: str, seed: int, preset: str,
   from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
 
   digest = store.digest(run_identity(config, arm, preset))
-  return (f"{arm}{'-stab' if stabilize else ''}-{preset}-e{config.epochs}-{digest}"
-          f"-s{seed}.json")
+  return f"{arm}{'-stab' if stabilize else ''}-{preset}-e{config.epochs}-{digest}-s{seed}.json"
 
 
-def run_command(config: GrokConfig, arm: str, seed: int, preset: str, stabilize: bool,
-                out) -> str:
+def run_command(config: GrokConfig, arm: str, seed: int, preset: str, stabilize: bool, out) -> str:
   """The ``stiefax grok`` command line that reruns (or resumes) exactly this run."""
   import shlex  # pylint: disable=g-import-not-at-top
 
-  return " ".join(["stiefax", "grok", "--preset", preset, "--epochs", str(config.epochs),
-                   "--eval-every", str(config.eval_every), "--arms", arm, "--seeds",
-                   str(seed)] + (["--stabilize"] if stabilize else [])
-                  + ["--out", shlex.quote(str(out))])
+  return " ".join(
+    [
+      "stiefax",
+      "grok",
+      "--preset",
+      preset,
+      "--epochs",
+      str(config.epochs),
+      "--eval-every",
+      str(config.eval_every),
+      "--arms",
+      arm,
+      "--seeds",
+      str(seed),
+    ]
+    + (["--stabilize"] if stabilize else [])
+    + ["--out", shlex.quote(str(out))]
+  )
 
 
 def _fmt_epoch(e) -> str:
@@ -828,18 +974,21 @@ def summary_table(records: Sequence[dict]) -> str:
   held-out accuracy >= 0.95; ``sust epoch``: first of ``sustain_k`` such evaluations in
   a row (``-``: not within the budget).
   """
-  head = (f"{'arm':<8} {'seed':>4} {'mem epoch':>9} {'grok epoch':>10} {'sust epoch':>10}"
-          f" {'end held-out':>12} {'tail held-out':>13} {'iso init':>9} {'iso final':>9}"
-          f" {'iso max':>9} {'wall s':>7}")
+  head = (
+    f"{'arm':<8} {'seed':>4} {'mem epoch':>9} {'grok epoch':>10} {'sust epoch':>10}"
+    f" {'end held-out':>12} {'tail held-out':>13} {'iso init':>9} {'iso final':>9}"
+    f" {'iso max':>9} {'wall s':>7}"
+  )
   lines = [head, "-" * len(head)]
   for r in records:
     m = r["metrics"]
     lines.append(
-        f"{r['arm']:<8} {r['seed']:>4} {_fmt_epoch(m['memorized_epoch']):>9}"
-        f" {_fmt_epoch(m['grokked_epoch']):>10} {_fmt_epoch(m['sustained_epoch']):>10}"
-        f" {m['end_test_acc']:>12.4f} {m['tail_test_acc']:>13.4f}"
-        f" {m['initial_isometry']:>9.2e} {m['final_isometry']:>9.2e}"
-        f" {m['max_isometry']:>9.2e} {r['wall_time']:>7.1f}")
+      f"{r['arm']:<8} {r['seed']:>4} {_fmt_epoch(m['memorized_epoch']):>9}"
+      f" {_fmt_epoch(m['grokked_epoch']):>10} {_fmt_epoch(m['sustained_epoch']):>10}"
+      f" {m['end_test_acc']:>12.4f} {m['tail_test_acc']:>13.4f}"
+      f" {m['initial_isometry']:>9.2e} {m['final_isometry']:>9.2e}"
+      f" {m['max_isometry']:>9.2e} {r['wall_time']:>7.1f}"
+    )
   return "\n".join(lines)
 
 
@@ -850,29 +999,39 @@ def summary_words(records: Sequence[dict]) -> str:
     m, c = r["metrics"], r["config"]
     epochs = r["history"]["epoch"][-1]
     text = f"{r['arm']} seed {r['seed']}: "
-    text += (f"memorized (train accuracy >= {c['memorize_threshold']:g}) at epoch"
-             f" {m['memorized_epoch']}" if m["memorized_epoch"] is not None
-             else f"did not memorize within {epochs} epochs")
+    text += (
+      f"memorized (train accuracy >= {c['memorize_threshold']:g}) at epoch {m['memorized_epoch']}"
+      if m["memorized_epoch"] is not None
+      else f"did not memorize within {epochs} epochs"
+    )
     if m["grokked_epoch"] is not None:
-      text += (f"; grokked (held-out accuracy >= {c['grok_threshold']:g}) at epoch"
-               f" {m['grokked_epoch']}")
-      text += (f", {c['sustain_k']} evaluations in a row from epoch {m['sustained_epoch']}"
-               if m["sustained_epoch"] is not None
-               else f", never {c['sustain_k']} evaluations in a row")
+      text += (
+        f"; grokked (held-out accuracy >= {c['grok_threshold']:g}) at epoch {m['grokked_epoch']}"
+      )
+      text += (
+        f", {c['sustain_k']} evaluations in a row from epoch {m['sustained_epoch']}"
+        if m["sustained_epoch"] is not None
+        else f", never {c['sustain_k']} evaluations in a row"
+      )
     else:
       peak = max(r["history"]["test_acc"])
       text += f"; did not grok within {epochs} epochs (held-out peak {peak:.3f})"
-    text += (f"; held-out accuracy {m['end_test_acc']:.3f} at the end,"
-             f" {m['tail_test_acc']:.3f} over the last {c['tail_fraction']:.0%} of the run")
+    text += (
+      f"; held-out accuracy {m['end_test_acc']:.3f} at the end,"
+      f" {m['tail_test_acc']:.3f} over the last {c['tail_fraction']:.0%} of the run"
+    )
     iso = m["max_isometry_after_init"]
-    text += (f"; W_Q, W_K {'stayed on' if iso < 1e-4 else 'left'} the Stiefel manifold"
-             f" (isometry error up to {iso:.1e}).")
+    text += (
+      f"; W_Q, W_K {'stayed on' if iso < 1e-4 else 'left'} the Stiefel manifold"
+      f" (isometry error up to {iso:.1e})."
+    )
     lines.append(text)
   return "\n".join(lines)
 
 
-def _finished(path: pathlib.Path, identity: dict, seed: int,
-              repair: bool = False) -> Optional[dict]:
+def _finished(
+  path: pathlib.Path, identity: dict, seed: int, repair: bool = False
+) -> Optional[dict]:
   """The run written at ``path`` if it is this run (same identity and seed), else None.
 
   With ``repair`` (only while holding the run's lock), a file there that is damaged or
@@ -894,8 +1053,12 @@ def _finished(path: pathlib.Path, identity: dict, seed: int,
     return None
   aside = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
   os.replace(path, aside)
-  print(f"stiefax grok: {path} is unusable ({problem}); moved it to {aside.name}"
-        " and training the run again", file=sys.stderr, flush=True)
+  print(
+    f"stiefax grok: {path} is unusable ({problem}); moved it to {aside.name}"
+    " and training the run again",
+    file=sys.stderr,
+    flush=True,
+  )
   return None
 
 
@@ -918,13 +1081,24 @@ def run(args: argparse.Namespace) -> int:
 
   config, arms, seeds = resolve_config(args)
   out = writable_dir(args.out, "--out")
-  setting = (f"preset={args.preset} epochs={config.epochs} eval_every={config.eval_every}"
-             f"{' stabilize' if args.stabilize else ''}")
-  print(f"stiefax grok: {setting}; arms {','.join(arms)}; seeds "
-        f"{','.join(map(str, seeds))} -> {out}", flush=True)
-  jobs = [_Job(arm, seed, out / run_file_name(config, arm, seed, args.preset, args.stabilize),
-               run_identity(config, arm, args.preset))
-          for seed in seeds for arm in arms]
+  setting = (
+    f"preset={args.preset} epochs={config.epochs} eval_every={config.eval_every}"
+    f"{' stabilize' if args.stabilize else ''}"
+  )
+  print(
+    f"stiefax grok: {setting}; arms {','.join(arms)}; seeds {','.join(map(str, seeds))} -> {out}",
+    flush=True,
+  )
+  jobs = [
+    _Job(
+      arm,
+      seed,
+      out / run_file_name(config, arm, seed, args.preset, args.stabilize),
+      run_identity(config, arm, args.preset),
+    )
+    for seed in seeds
+    for arm in arms
+  ]
   records: dict = {}
   waiting: set = set()
   every = checkpoint_interval(config, args.checkpoint_every)
@@ -942,9 +1116,11 @@ def run(args: argparse.Namespace) -> int:
     if not lock.acquire():
       if key not in waiting:
         holder = lock.holder() or {}
-        print(f"  {job.arm} seed {job.seed}: being trained by process"
-              f" {holder.get('pid', '?')} on {holder.get('host', '?')}; waiting for it",
-              flush=True)
+        print(
+          f"  {job.arm} seed {job.seed}: being trained by process"
+          f" {holder.get('pid', '?')} on {holder.get('host', '?')}; waiting for it",
+          flush=True,
+        )
         waiting.add(key)
       return False
     locks.append(lock)
@@ -959,14 +1135,18 @@ def run(args: argparse.Namespace) -> int:
   def train_batch(batch: list) -> None:
     """Trains ``batch`` (jobs of one arm, checkpointed at the same epoch), writes them."""
     checkpoints = [Checkpoints(job.path.with_suffix(".ckpt")) for job in batch]
-    results = train_seeds(config, batch[0].arm, [job.seed for job in batch],
-                          checkpoints=checkpoints, checkpoint_every=every, vmap=vmap)
+    results = train_seeds(
+      config,
+      batch[0].arm,
+      [job.seed for job in batch],
+      checkpoints=checkpoints,
+      checkpoint_every=every,
+      vmap=vmap,
+    )
     for job, record, ckpt in zip(batch, results, checkpoints):
-      record["config"].update(preset=args.preset, stabilize=bool(args.stabilize),
-                              setting=setting)
+      record["config"].update(preset=args.preset, stabilize=bool(args.stabilize), setting=setting)
       record["run_id"] = store.digest(job.identity)
-      record["command"] = run_command(config, job.arm, job.seed, args.preset,
-                                      args.stabilize, out)
+      record["command"] = run_command(config, job.arm, job.seed, args.preset, args.stabilize, out)
       record["code"] = store.code_version()
       try:
         store.write_json(job.path, record)
@@ -979,7 +1159,7 @@ def run(args: argparse.Namespace) -> int:
     before = len(records)
     for arm in arms:
       pending = [j for j in jobs if j.arm == arm and (j.arm, j.seed) not in records]
-      for candidates in ([pending] if vmap else [[j] for j in pending]):
+      for candidates in [pending] if vmap else [[j] for j in pending]:
         locks: list = []
         try:
           claimed = [job for job in candidates if claim(job, locks)]
@@ -1009,8 +1189,15 @@ def run(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------
 
 
-_METRICS = ("memorized_epoch", "grokked_epoch", "sustained_epoch", "end_train_acc",
-            "end_test_acc", "tail_test_acc", "final_isometry")
+_METRICS = (
+  "memorized_epoch",
+  "grokked_epoch",
+  "sustained_epoch",
+  "end_train_acc",
+  "end_test_acc",
+  "tail_test_acc",
+  "final_isometry",
+)
 _HISTORY = ("epoch", "train_acc", "test_acc", "isometry")
 
 
@@ -1051,8 +1238,9 @@ def _settings(runs: Sequence[dict]) -> dict:
   for r in runs:
     c = r.get("config", {})
     key = c.get("setting") or (
-        f"epochs={c.get('epochs')} eval_every={c.get('eval_every')}"
-        f"{' stabilize' if c.get('stabilize') else ''}")
+      f"epochs={c.get('epochs')} eval_every={c.get('eval_every')}"
+      f"{' stabilize' if c.get('stabilize') else ''}"
+    )
     groups.setdefault(key, []).append(r)
   return groups
 
@@ -1068,25 +1256,30 @@ def _table(runs: Sequence[dict]) -> str:
   by_arm: dict = {}
   for r in runs:
     by_arm.setdefault(r["arm"], []).append(r)
-  head = (f"{'arm':<8} {'n':>3} {'mem k/n':>7} {'grok k/n':>8} {'sust k/n':>8}"
-          f" {'med grok epoch':>14} {'med sust epoch':>14} {'end held-out':>13}"
-          f" {'tail held-out':>13} {'final iso':>9}")
+  head = (
+    f"{'arm':<8} {'n':>3} {'mem k/n':>7} {'grok k/n':>8} {'sust k/n':>8}"
+    f" {'med grok epoch':>14} {'med sust epoch':>14} {'end held-out':>13}"
+    f" {'tail held-out':>13} {'final iso':>9}"
+  )
   lines = [head, "-" * len(head)]
   for arm in _arm_order(by_arm):
     rs = sorted(by_arm[arm], key=lambda r: r["seed"])
     ms = [r["metrics"] for r in rs]
     n = len(rs)
-    count = lambda key: f"{sum(m[key] is not None for m in ms)}/{n}"
+    count = lambda key, ms=ms, n=n: f"{sum(m[key] is not None for m in ms)}/{n}"
     end_m, end_s = stats.summarize([m["end_test_acc"] for m in ms])
     tail_m, tail_s = stats.summarize([m["tail_test_acc"] for m in ms])
     iso = max(m["final_isometry"] for m in ms)
     lines.append(
-        f"{arm:<8} {n:>3} {count('memorized_epoch'):>7} {count('grokked_epoch'):>8}"
-        f" {count('sustained_epoch'):>8} {_median(m['grokked_epoch'] for m in ms):>14}"
-        f" {_median(m['sustained_epoch'] for m in ms):>14}"
-        f" {end_m:>6.3f}±{end_s:<6.3f} {tail_m:>6.3f}±{tail_s:<6.3f} {iso:>9.2e}")
-  lines.append("(k/n: runs that reached the threshold; ± is the sample std across seeds;"
-               " final iso: max over runs of max|W_Q^T W_Q - I| at the last evaluation)")
+      f"{arm:<8} {n:>3} {count('memorized_epoch'):>7} {count('grokked_epoch'):>8}"
+      f" {count('sustained_epoch'):>8} {_median(m['grokked_epoch'] for m in ms):>14}"
+      f" {_median(m['sustained_epoch'] for m in ms):>14}"
+      f" {end_m:>6.3f}±{end_s:<6.3f} {tail_m:>6.3f}±{tail_s:<6.3f} {iso:>9.2e}"
+    )
+  lines.append(
+    "(k/n: runs that reached the threshold; ± is the sample std across seeds;"
+    " final iso: max over runs of max|W_Q^T W_Q - I| at the last evaluation)"
+  )
 
   if "A2" in by_arm:
     base = {r["seed"]: r["metrics"]["tail_test_acc"] for r in by_arm["A2"]}
@@ -1101,13 +1294,17 @@ def _table(runs: Sequence[dict]) -> str:
         continue
       pr = stats.paired([base[s] for s in shared], [other[s] for s in shared])
       rows.append(
-          f"{arm:<8} {pr.n:>3} {pr.mean:>+9.4f} {pr.t:>7.2f} {pr.p:>7.3f}"
-          f" {pr.wins:>3}/{pr.n:<3} [{pr.ci_low:+.4f}, {pr.ci_high:+.4f}]")
+        f"{arm:<8} {pr.n:>3} {pr.mean:>+9.4f} {pr.t:>7.2f} {pr.p:>7.3f}"
+        f" {pr.wins:>3}/{pr.n:<3} [{pr.ci_low:+.4f}, {pr.ci_high:+.4f}]"
+      )
     if rows:
-      head2 = (f"{'arm':<8} {'n':>3} {'diff':>9} {'t':>7} {'p':>7} {'wins':>7}"
-               f"  95% bootstrap CI")
-      lines += ["", "Paired difference of the tail mean vs A2 (arm - A2, per seed):",
-                head2, "-" * len(head2)] + rows
+      head2 = f"{'arm':<8} {'n':>3} {'diff':>9} {'t':>7} {'p':>7} {'wins':>7}  95% bootstrap CI"
+      lines += [
+        "",
+        "Paired difference of the tail mean vs A2 (arm - A2, per seed):",
+        head2,
+        "-" * len(head2),
+      ] + rows
   return "\n".join(lines)
 
 
@@ -1130,17 +1327,28 @@ def _plots(runs: Sequence[dict], out_dir: pathlib.Path, suffix: str) -> list[pat
 
   cols = min(3, len(arms))
   rows = math.ceil(len(arms) / cols)
-  fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False,
-                           sharey=True)
-  for ax in axes.ravel()[len(arms):]:
+  fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False, sharey=True)
+  for ax in axes.ravel()[len(arms) :]:
     ax.set_visible(False)
   for ax, arm in zip(axes.ravel(), arms):
     for i, r in enumerate(sorted(by_arm[arm], key=lambda r: r["seed"])):
       h = r["history"]
-      ax.plot(h["epoch"], h["train_acc"], color="tab:blue", alpha=0.8, lw=1,
-              label="train" if i == 0 else None)
-      ax.plot(h["epoch"], h["test_acc"], color="tab:red", alpha=0.8, lw=1,
-              label="held-out" if i == 0 else None)
+      ax.plot(
+        h["epoch"],
+        h["train_acc"],
+        color="tab:blue",
+        alpha=0.8,
+        lw=1,
+        label="train" if i == 0 else None,
+      )
+      ax.plot(
+        h["epoch"],
+        h["test_acc"],
+        color="tab:red",
+        alpha=0.8,
+        lw=1,
+        label="held-out" if i == 0 else None,
+      )
     ax.set_title(f"{arm} ({len(by_arm[arm])} run{'s' if len(by_arm[arm]) > 1 else ''})")
     ax.set_xlabel("epoch")
     ax.set_ylim(-0.02, 1.02)
@@ -1158,8 +1366,9 @@ def _plots(runs: Sequence[dict], out_dir: pathlib.Path, suffix: str) -> list[pat
     for i, r in enumerate(by_arm[arm]):
       h = r["history"]
       iso = np.maximum(np.asarray(h["isometry"], np.float64), 1e-12)
-      ax.semilogy(h["epoch"], iso, color=colors[arm], alpha=0.8, lw=1,
-                  label=arm if i == 0 else None)
+      ax.semilogy(
+        h["epoch"], iso, color=colors[arm], alpha=0.8, lw=1, label=arm if i == 0 else None
+      )
   ax.set_xlabel("epoch")
   ax.set_ylabel(r"isometry error $\max|W_Q^\top W_Q - I|$")
   ax.grid(alpha=0.3, which="both")
@@ -1178,10 +1387,16 @@ def _plots(runs: Sequence[dict], out_dir: pathlib.Path, suffix: str) -> list[pat
         h = r["history"]
         for key, style in (("elr_frames", "-"), ("elr_matrices", ":")):
           if key in h:
-            epochs = h["epoch"][len(h["epoch"]) - len(h[key]):]
-            ax.semilogy(epochs, np.maximum(np.asarray(h[key], np.float64), 1e-12),
-                        style, color=colors[arm], alpha=0.8, lw=1,
-                        label=f"{arm} {key[4:]}" if i == 0 else None)
+            epochs = h["epoch"][len(h["epoch"]) - len(h[key]) :]
+            ax.semilogy(
+              epochs,
+              np.maximum(np.asarray(h[key], np.float64), 1e-12),
+              style,
+              color=colors[arm],
+              alpha=0.8,
+              lw=1,
+              label=f"{arm} {key[4:]}" if i == 0 else None,
+            )
     ax.set_xlabel("epoch")
     ax.set_ylabel(r"effective learning rate $\|\Delta_\perp\| / \|w\|$")
     ax.grid(alpha=0.3, which="both")
@@ -1198,10 +1413,14 @@ def report(runs: list, out_dir: pathlib.Path) -> str:
   """Paper-style tables for grokking runs; writes accuracy and isometry PNGs."""
   groups = _settings(runs)
   parts = []
-  for i, (setting, rs) in enumerate(sorted(groups.items())):
+  for _i, (setting, rs) in enumerate(sorted(groups.items())):
     suffix = "" if len(groups) == 1 else f"_{_slug(setting)}"
     written = _plots(rs, pathlib.Path(out_dir), suffix)
-    parts.append(f"Grokking, c = (a + b) mod {rs[0]['config'].get('modulus', 97)}"
-                 f" [{setting}]: {len(rs)} run(s)\n" + _table(rs) +
-                 "\nplots: " + ", ".join(str(p) for p in written))
+    parts.append(
+      f"Grokking, c = (a + b) mod {rs[0]['config'].get('modulus', 97)}"
+      f" [{setting}]: {len(rs)} run(s)\n"
+      + _table(rs)
+      + "\nplots: "
+      + ", ".join(str(p) for p in written)
+    )
   return "\n\n".join(parts)

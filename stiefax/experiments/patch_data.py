@@ -40,27 +40,29 @@ import pathlib
 import pickle
 import sys
 import tarfile
+from typing import Iterable
+from typing import Optional
+from typing import Sequence
 import zipfile
 import zlib
-from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
 from stiefax.experiments.cli import CommandError
 
 __all__ = [
-    "Images",
-    "Whitening",
-    "PatchData",
-    "CONTRAST_EPS",
-    "load_images",
-    "interleaved_order",
-    "extract_patches",
-    "contrast_normalize",
-    "fit_whitening",
-    "apply_whitening",
-    "prepare",
-    "default_cache_dir",
+  "Images",
+  "Whitening",
+  "PatchData",
+  "CONTRAST_EPS",
+  "load_images",
+  "interleaved_order",
+  "extract_patches",
+  "contrast_normalize",
+  "fit_whitening",
+  "apply_whitening",
+  "prepare",
+  "default_cache_dir",
 ]
 
 #: Variance floor of the contrast normalization, in units of the pixel range [0, 1]:
@@ -73,9 +75,9 @@ CACHE_VERSION = 1
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".ppm", ".webp")
 
 _EXPECTED = (
-    "expected the CIFAR-10 python archive cifar-10-python.tar.gz, its extracted folder"
-    " cifar-10-batches-py (data_batch_1..5, test_batch), or an image-folder copy"
-    " (train/<class>/*.jpg and test/<class>/*.jpg) as a folder or .tar.gz"
+  "expected the CIFAR-10 python archive cifar-10-python.tar.gz, its extracted folder"
+  " cifar-10-batches-py (data_batch_1..5, test_batch), or an image-folder copy"
+  " (train/<class>/*.jpg and test/<class>/*.jpg) as a folder or .tar.gz"
 )
 
 
@@ -104,7 +106,7 @@ def default_cache_dir() -> pathlib.Path:
 def _short(e: BaseException, limit: int = 120) -> str:
   """An exception as one short line (some messages span lines)."""
   text = " ".join(f"{type(e).__name__}: {e}".split())
-  return text if len(text) <= limit else text[:limit - 3] + "..."
+  return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _digest(obj) -> str:
@@ -136,8 +138,11 @@ def _load_npz(path: pathlib.Path, keys: Sequence[str]) -> Optional[dict]:
       raise KeyError(f"no array {missing[0]!r}")
     return arrays
   except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
-    print(f"stiefax: cache file {path} is damaged ({_short(e)}); rebuilding it",
-          file=sys.stderr, flush=True)
+    print(
+      f"stiefax: cache file {path} is damaged ({_short(e)}); rebuilding it",
+      file=sys.stderr,
+      flush=True,
+    )
     return None
 
 
@@ -154,8 +159,7 @@ def _folder_id(path: pathlib.Path) -> dict:
   for root, _, files in os.walk(path):
     for f in files:
       st = os.stat(os.path.join(root, f))
-      entries.append((os.path.relpath(os.path.join(root, f), path), st.st_size,
-                      st.st_mtime_ns))
+      entries.append((os.path.relpath(os.path.join(root, f), path), st.st_size, st.st_mtime_ns))
   entries.sort()
   return {"path": str(path.resolve()), "listing": _digest(entries)}
 
@@ -167,20 +171,30 @@ def _cifar_batch(raw: bytes, name: str, where: str) -> tuple[np.ndarray, np.ndar
     labels = np.asarray(batch[b"labels"], dtype=np.int64)
   except Exception as e:  # pickle errors come in many types
     raise CommandError(
-        f"--data {where}: {name} is not a CIFAR-10 python batch (a pickled dict with"
-        f" b'data' uint8 (N, 3072) and b'labels'): {_short(e)}"
+      f"--data {where}: {name} is not a CIFAR-10 python batch (a pickled dict with"
+      f" b'data' uint8 (N, 3072) and b'labels'): {_short(e)}"
     ) from None
   if data.ndim != 2 or data.shape[1] != 3072 or labels.shape != (data.shape[0],):
     raise CommandError(
-        f"--data {where}: {name} holds data {data.shape} and labels {labels.shape};"
-        " a CIFAR-10 python batch has data (N, 3072) and N labels"
+      f"--data {where}: {name} holds data {data.shape} and labels {labels.shape};"
+      " a CIFAR-10 python batch has data (N, 3072) and N labels"
     )
   images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
   return np.ascontiguousarray(images), labels.astype(np.int32)
 
 
-_CIFAR_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog",
-                  "horse", "ship", "truck")
+_CIFAR_CLASSES = (
+  "airplane",
+  "automobile",
+  "bird",
+  "cat",
+  "deer",
+  "dog",
+  "frog",
+  "horse",
+  "ship",
+  "truck",
+)
 _CIFAR_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
 
 
@@ -191,8 +205,9 @@ def _cifar_from_blobs(blobs: dict, where: str, source_id: str) -> Images:
   parts = [_cifar_batch(blobs[f], f, where) for f in _CIFAR_FILES]
   train_x = np.concatenate([p[0] for p in parts[:5]])
   train_y = np.concatenate([p[1] for p in parts[:5]])
-  return Images("cifar10-python", source_id, train_x, train_y, parts[5][0], parts[5][1],
-                _CIFAR_CLASSES, 255.0)
+  return Images(
+    "cifar10-python", source_id, train_x, train_y, parts[5][0], parts[5][1], _CIFAR_CLASSES, 255.0
+  )
 
 
 def _read_cifar_folder(path: pathlib.Path) -> Images:
@@ -256,19 +271,25 @@ def _decode(raw: bytes, name: str, where: str) -> np.ndarray:
     raise CommandError(f"--data {where}: cannot decode image {name}: {_short(e)}") from None
 
 
-def _image_folder(files: Iterable[tuple[str, str, str, bytes]], where: str, source_id: str,
-                  order_seed: int, progress: bool) -> Images:
+def _image_folder(
+  files: Iterable[tuple[str, str, str, bytes]],
+  where: str,
+  source_id: str,
+  order_seed: int,
+  progress: bool,
+) -> Images:
   """``files`` yields ``(split, class, name, bytes)``."""
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
 
   found = {"train": [], "test": []}
-  for split, cls, name, raw in tqdm(files, desc="decoding images", unit="img",
-                                    disable=not progress, leave=False):
+  for split, cls, name, raw in tqdm(
+    files, desc="decoding images", unit="img", disable=not progress, leave=False
+  ):
     found[split].append((cls, name, _decode(raw, name, where)))
   if not found["train"] or not found["test"]:
     raise CommandError(
-        f"--data {where}: found {len(found['train'])} training and"
-        f" {len(found['test'])} test images; {_EXPECTED}"
+      f"--data {where}: found {len(found['train'])} training and"
+      f" {len(found['test'])} test images; {_EXPECTED}"
     )
   classes = tuple(sorted({c for c, _, _ in found["train"]}))
   unknown = sorted({c for c, _, _ in found["test"]} - set(classes))
@@ -276,8 +297,9 @@ def _image_folder(files: Iterable[tuple[str, str, str, bytes]], where: str, sour
     raise CommandError(f"--data {where}: test classes {unknown} have no training images")
   shapes = {im.shape for s in found.values() for _, _, im in s}
   if len(shapes) != 1:
-    raise CommandError(f"--data {where}: images differ in size {sorted(shapes)[:4]};"
-                       " all images must have one size")
+    raise CommandError(
+      f"--data {where}: images differ in size {sorted(shapes)[:4]}; all images must have one size"
+    )
   index = {c: i for i, c in enumerate(classes)}
   out = []
   for split in ("train", "test"):
@@ -302,8 +324,9 @@ def _read_image_folder(path: pathlib.Path, order_seed: int, progress: bool) -> I
   return _image_folder(files(), str(path), _digest(_folder_id(path)), order_seed, progress)
 
 
-def _read_image_tar(tar: tarfile.TarFile, path: pathlib.Path, order_seed: int,
-                    progress: bool) -> Images:
+def _read_image_tar(
+  tar: tarfile.TarFile, path: pathlib.Path, order_seed: int, progress: bool
+) -> Images:
   def files():
     for m in tar:
       if not m.isfile():
@@ -325,8 +348,9 @@ def _folder_kind(path: pathlib.Path) -> tuple[str, pathlib.Path]:
   subdirs = [p for p in path.iterdir() if p.is_dir()]
   if len(subdirs) == 1 and (subdirs[0] / "train").is_dir():
     return "folder", subdirs[0]
-  raise CommandError(f"--data {path}: folder has neither data_batch_1 nor train/ and"
-                     f" test/; {_EXPECTED}")
+  raise CommandError(
+    f"--data {path}: folder has neither data_batch_1 nor train/ and test/; {_EXPECTED}"
+  )
 
 
 def _read_path(path: pathlib.Path, order_seed: int, progress: bool) -> Images:
@@ -338,9 +362,11 @@ def _read_path(path: pathlib.Path, order_seed: int, progress: bool) -> Images:
       return _read_cifar_folder(root)
     return _read_image_folder(root, order_seed, progress)
   try:
-    tar = tarfile.open(path, "r:*")
+    tar = tarfile.open(path, "r:*")  # noqa: SIM115 (closed by the `with tar:` below)
   except (tarfile.TarError, OSError) as e:
-    raise CommandError(f"--data {path}: not a readable tar archive ({_short(e)}); {_EXPECTED}") from None
+    raise CommandError(
+      f"--data {path}: not a readable tar archive ({_short(e)}); {_EXPECTED}"
+    ) from None
   with tar:
     try:
       names = tar.getnames()
@@ -350,13 +376,14 @@ def _read_path(path: pathlib.Path, order_seed: int, progress: bool) -> Images:
       return _read_cifar_tar(tar, path)
     if any(_split_of(n.split("/")) for n in names):
       return _read_image_tar(tar, path, order_seed, progress)
-  raise CommandError(f"--data {path}: the archive holds neither data_batch_1 nor"
-                     f" train/<class>/<image>; {_EXPECTED}")
+  raise CommandError(
+    f"--data {path}: the archive holds neither data_batch_1 nor train/<class>/<image>; {_EXPECTED}"
+  )
 
 
 def _digits() -> Images:
-  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
   import sklearn  # pylint: disable=g-import-not-at-top
+  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
 
   bunch = load_digits()
   x = np.asarray(bunch.images, np.float64).round().astype(np.uint8)[..., None]
@@ -364,24 +391,39 @@ def _digits() -> Images:
   perm = np.random.default_rng(0).permutation(len(y))
   x, y = x[perm], y[perm]
   n_test = 500
-  return Images("digits", f"sklearn-digits-{sklearn.__version__}", x[:-n_test], y[:-n_test],
-                x[-n_test:], y[-n_test:], tuple(str(i) for i in range(10)), 16.0)
+  return Images(
+    "digits",
+    f"sklearn-digits-{sklearn.__version__}",
+    x[:-n_test],
+    y[:-n_test],
+    x[-n_test:],
+    y[-n_test:],
+    tuple(str(i) for i in range(10)),
+    16.0,
+  )
 
 
 def _random(seed: int = 0) -> Images:
   rng = np.random.default_rng(seed)
   return Images(
-      "random", f"random-{seed}",
-      rng.integers(0, 256, (50_000, 32, 32, 3), dtype=np.uint8),
-      rng.integers(0, 10, 50_000).astype(np.int32),
-      rng.integers(0, 256, (10_000, 32, 32, 3), dtype=np.uint8),
-      rng.integers(0, 10, 10_000).astype(np.int32),
-      tuple(str(i) for i in range(10)), 255.0,
+    "random",
+    f"random-{seed}",
+    rng.integers(0, 256, (50_000, 32, 32, 3), dtype=np.uint8),
+    rng.integers(0, 10, 50_000).astype(np.int32),
+    rng.integers(0, 256, (10_000, 32, 32, 3), dtype=np.uint8),
+    rng.integers(0, 10, 10_000).astype(np.int32),
+    tuple(str(i) for i in range(10)),
+    255.0,
   )
 
 
-def load_images(data: Optional[str], *, order_seed: int = 0,
-                cache_dir: Optional[pathlib.Path] = None, progress: bool = False) -> Images:
+def load_images(
+  data: Optional[str],
+  *,
+  order_seed: int = 0,
+  cache_dir: Optional[pathlib.Path] = None,
+  progress: bool = False,
+) -> Images:
   """Reads a source named by ``--data`` (see the module docstring).
 
   Image-folder sources are decoded once and cached in ``cache_dir`` (keyed by the
@@ -411,19 +453,39 @@ def load_images(data: Optional[str], *, order_seed: int = 0,
       meta = json.loads(str(cached["meta"]))
       meta = {k: meta[k] for k in ("name", "source_id", "classes", "pixel_max")}
     except (ValueError, KeyError, TypeError) as e:
-      print(f"stiefax: cache file {cfile} is damaged ({_short(e)}); rebuilding it",
-            file=sys.stderr, flush=True)
+      print(
+        f"stiefax: cache file {cfile} is damaged ({_short(e)}); rebuilding it",
+        file=sys.stderr,
+        flush=True,
+      )
       meta = None
   if meta is not None:
-    return Images(meta["name"], meta["source_id"], cached["train_x"], cached["train_y"],
-                  cached["test_x"], cached["test_y"], tuple(meta["classes"]),
-                  meta["pixel_max"])
+    return Images(
+      meta["name"],
+      meta["source_id"],
+      cached["train_x"],
+      cached["train_y"],
+      cached["test_x"],
+      cached["test_y"],
+      tuple(meta["classes"]),
+      meta["pixel_max"],
+    )
   images = _read_path(path, order_seed, progress)
   if images.name == "image-folder":
-    meta = {"name": images.name, "source_id": images.source_id,
-            "classes": list(images.classes), "pixel_max": images.pixel_max}
-    _save_npz(cfile, train_x=images.train_x, train_y=images.train_y,
-              test_x=images.test_x, test_y=images.test_y, meta=np.asarray(json.dumps(meta)))
+    meta = {
+      "name": images.name,
+      "source_id": images.source_id,
+      "classes": list(images.classes),
+      "pixel_max": images.pixel_max,
+    }
+    _save_npz(
+      cfile,
+      train_x=images.train_x,
+      train_y=images.train_y,
+      test_x=images.test_x,
+      test_y=images.test_y,
+      meta=np.asarray(json.dumps(meta)),
+    )
   return images
 
 
@@ -441,8 +503,9 @@ def extract_patches(images: np.ndarray, patch: int) -> np.ndarray:
   """
   n, h, w, c = images.shape
   if h % patch or w % patch:
-    raise CommandError(f"--patch {patch} does not divide the {h}x{w} images;"
-                       " choose a divisor of both sides")
+    raise CommandError(
+      f"--patch {patch} does not divide the {h}x{w} images; choose a divisor of both sides"
+    )
   gh, gw = h // patch, w // patch
   x = images.reshape(n, gh, patch, gw, patch, c).transpose(0, 1, 3, 2, 4, 5)
   return x.reshape(n, gh * gw, patch * patch * c)
@@ -469,8 +532,9 @@ class Whitening:
   n_fit: int  # patches the fit used
 
 
-def fit_whitening(patches: np.ndarray, d: int, eps: float = 0.1,
-                  n_samples: int = 100_000, seed: int = 0) -> Whitening:
+def fit_whitening(
+  patches: np.ndarray, d: int, eps: float = 0.1, n_samples: int = 100_000, seed: int = 0
+) -> Whitening:
   """Fits the whitening projection on at most ``n_samples`` patches (float64).
 
   The covariance ``C = V Lambda V^T`` of the (sub)sampled patches; the top ``d``
@@ -506,8 +570,7 @@ def fit_whitening(patches: np.ndarray, d: int, eps: float = 0.1,
   # Fix each eigenvector's sign (largest entry positive) so fits are reproducible.
   signs = np.sign(vec[np.argmax(np.abs(vec), axis=0), np.arange(d)])
   vec = vec * np.where(signs == 0, 1.0, signs)[None, :]
-  return Whitening(mean, vec / np.sqrt(lam + eps)[None, :], lam, float(eps),
-                   int(x.shape[0]))
+  return Whitening(mean, vec / np.sqrt(lam + eps)[None, :], lam, float(eps), int(x.shape[0]))
 
 
 def apply_whitening(w: Whitening, patches: np.ndarray, chunk: int = 1 << 16) -> np.ndarray:
@@ -517,7 +580,7 @@ def apply_whitening(w: Whitening, patches: np.ndarray, chunk: int = 1 << 16) -> 
   out = np.empty((flat.shape[0], w.proj.shape[1]), np.float32)
   mean32, proj32 = w.mean.astype(np.float32), w.proj.astype(np.float32)
   for s in range(0, flat.shape[0], chunk):
-    out[s:s + chunk] = (flat[s:s + chunk].astype(np.float32) - mean32[None, :]) @ proj32
+    out[s : s + chunk] = (flat[s : s + chunk].astype(np.float32) - mean32[None, :]) @ proj32
   return out.reshape(lead + (w.proj.shape[1],))
 
 
@@ -540,20 +603,31 @@ class PatchData:
     return int(max(self.train_y.max(), self.test_y.max())) + 1
 
 
-def _tokens(images: np.ndarray, patch: int, pixel_max: float, w: Optional[Whitening],
-            chunk: int = 4096):
+def _tokens(
+  images: np.ndarray, patch: int, pixel_max: float, w: Optional[Whitening], chunk: int = 4096
+):
   """Contrast-normalized (and whitened, if ``w``) tokens, image chunk by chunk."""
   out = []
   for s in range(0, images.shape[0], chunk):
-    p = extract_patches(images[s:s + chunk], patch).astype(np.float32) / np.float32(pixel_max)
+    p = extract_patches(images[s : s + chunk], patch).astype(np.float32) / np.float32(pixel_max)
     p = contrast_normalize(p)
     out.append(p if w is None else apply_whitening(w, p))
   return np.concatenate(out) if out else np.zeros((0,), np.float32)
 
 
-def prepare(images: Images, *, n_train: int, n_val: int = 0, patch: int = 8, d: int = 128,
-            whiten_eps: float = 0.1, pca_samples: int = 100_000, pca_seed: int = 0,
-            cache_dir: Optional[pathlib.Path] = None, order_seed: int = 0) -> PatchData:
+def prepare(
+  images: Images,
+  *,
+  n_train: int,
+  n_val: int = 0,
+  patch: int = 8,
+  d: int = 128,
+  whiten_eps: float = 0.1,
+  pca_samples: int = 100_000,
+  pca_seed: int = 0,
+  cache_dir: Optional[pathlib.Path] = None,
+  order_seed: int = 0,
+) -> PatchData:
   """The whitened token arrays of the paper's pipeline, from the cache when present.
 
   Training set: the first ``n_train`` images of the training pool; validation:
@@ -578,43 +652,90 @@ def prepare(images: Images, *, n_train: int, n_val: int = 0, patch: int = 8, d: 
   pool = images.train_x.shape[0]
   if n_train < 1 or n_val < 0 or n_train + n_val > pool:
     raise CommandError(
-        f"--n-train {n_train} plus --n-val {n_val} must lie in [1, {pool}], the"
-        f" {images.name} training pool"
+      f"--n-train {n_train} plus --n-val {n_val} must lie in [1, {pool}], the"
+      f" {images.name} training pool"
     )
   config = {
-      "source": images.name, "source_id": images.source_id, "n_train": int(n_train),
-      "n_val": int(n_val), "patch": int(patch), "d": int(d), "whiten_eps": float(whiten_eps),
-      "pca_samples": int(pca_samples), "pca_seed": int(pca_seed),
-      "contrast_eps": CONTRAST_EPS, "order_seed": int(order_seed),
-      "version": CACHE_VERSION,
+    "source": images.name,
+    "source_id": images.source_id,
+    "n_train": int(n_train),
+    "n_val": int(n_val),
+    "patch": int(patch),
+    "d": int(d),
+    "whiten_eps": float(whiten_eps),
+    "pca_samples": int(pca_samples),
+    "pca_seed": int(pca_seed),
+    "contrast_eps": CONTRAST_EPS,
+    "order_seed": int(order_seed),
+    "version": CACHE_VERSION,
   }
   cfile = None
   if cache_dir is not None and images.name != "random":
     cfile = pathlib.Path(cache_dir) / f"patches-{images.name}-n{n_train}-d{d}-{_digest(config)}.npz"
-    z = _load_npz(cfile, ("train_x", "train_y", "val_x", "val_y", "test_x", "test_y",
-                          "w_mean", "w_proj", "w_eigvals", "w_eps", "w_n_fit"))
+    z = _load_npz(
+      cfile,
+      (
+        "train_x",
+        "train_y",
+        "val_x",
+        "val_y",
+        "test_x",
+        "test_y",
+        "w_mean",
+        "w_proj",
+        "w_eigvals",
+        "w_eps",
+        "w_n_fit",
+      ),
+    )
     if z is not None:
-      w = Whitening(z["w_mean"], z["w_proj"], z["w_eigvals"], float(z["w_eps"]),
-                    int(z["w_n_fit"]))
-      return PatchData(z["train_x"], z["train_y"], z["val_x"], z["val_y"], z["test_x"],
-                       z["test_y"], w, config, str(cfile))
+      w = Whitening(z["w_mean"], z["w_proj"], z["w_eigvals"], float(z["w_eps"]), int(z["w_n_fit"]))
+      return PatchData(
+        z["train_x"],
+        z["train_y"],
+        z["val_x"],
+        z["val_y"],
+        z["test_x"],
+        z["test_y"],
+        w,
+        config,
+        str(cfile),
+      )
   train_img = images.train_x[:n_train]
   raw = _tokens(train_img, patch, images.pixel_max, None)
   w = fit_whitening(raw.reshape(-1, raw.shape[-1]), d, whiten_eps, pca_samples, pca_seed)
   train_x = apply_whitening(w, raw)
   del raw
-  val_img = images.train_x[n_train:n_train + n_val]
+  val_img = images.train_x[n_train : n_train + n_val]
   tokens = train_x.shape[1]
-  val_x = (_tokens(val_img, patch, images.pixel_max, w) if n_val
-           else np.zeros((0, tokens, d), np.float32))
+  val_x = (
+    _tokens(val_img, patch, images.pixel_max, w) if n_val else np.zeros((0, tokens, d), np.float32)
+  )
   test_x = _tokens(images.test_x, patch, images.pixel_max, w)
-  data = PatchData(train_x, images.train_y[:n_train].astype(np.int32), val_x,
-                   images.train_y[n_train:n_train + n_val].astype(np.int32), test_x,
-                   images.test_y.astype(np.int32), w, config,
-                   None if cfile is None else str(cfile))
+  data = PatchData(
+    train_x,
+    images.train_y[:n_train].astype(np.int32),
+    val_x,
+    images.train_y[n_train : n_train + n_val].astype(np.int32),
+    test_x,
+    images.test_y.astype(np.int32),
+    w,
+    config,
+    None if cfile is None else str(cfile),
+  )
   if cfile is not None:
-    _save_npz(cfile, train_x=data.train_x, train_y=data.train_y, val_x=data.val_x,
-              val_y=data.val_y, test_x=data.test_x, test_y=data.test_y, w_mean=w.mean,
-              w_proj=w.proj, w_eigvals=w.eigvals, w_eps=np.asarray(w.eps),
-              w_n_fit=np.asarray(w.n_fit))
+    _save_npz(
+      cfile,
+      train_x=data.train_x,
+      train_y=data.train_y,
+      val_x=data.val_x,
+      val_y=data.val_y,
+      test_x=data.test_x,
+      test_y=data.test_y,
+      w_mean=w.mean,
+      w_proj=w.proj,
+      w_eigvals=w.eigvals,
+      w_eps=np.asarray(w.eps),
+      w_n_fit=np.asarray(w.n_fit),
+    )
   return data

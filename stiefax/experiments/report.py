@@ -22,15 +22,15 @@ import importlib
 import pathlib
 import sys
 
-from stiefax.experiments.cli import CommandError, writable_dir
+from stiefax.experiments.cli import CommandError
+from stiefax.experiments.cli import writable_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.description = __doc__
   parser.formatter_class = argparse.RawDescriptionHelpFormatter
   parser.add_argument("dir", help="directory of JSON runs (searched recursively)")
-  parser.add_argument("--plots", default=None,
-                      help="directory for the PNG plots (default: DIR)")
+  parser.add_argument("--plots", default=None, help="directory for the PNG plots (default: DIR)")
 
 
 _RUN_FIELDS = {"arm": str, "seed": int, "config": dict, "metrics": dict}
@@ -123,8 +123,7 @@ def run(args: argparse.Namespace) -> int:
   for w in warnings:
     print(f"stiefax report: warning: {w}", file=sys.stderr)
   if not groups:
-    raise CommandError(
-        f"{args.dir}: no runs found (no *.json file with an \"experiment\" field).")
+    raise CommandError(f"{args.dir}: no runs found (no *.json file with an \"experiment\" field).")
   writable_dir(out_dir, "plots:")
   sections = []
   for experiment in sorted(groups):

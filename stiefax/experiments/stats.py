@@ -31,7 +31,7 @@ class Paired:
 
 
 def bootstrap_ci(
-    x: Sequence[float], *, resamples: int = 20_000, level: float = 0.95, seed: int = 0
+  x: Sequence[float], *, resamples: int = 20_000, level: float = 0.95, seed: int = 0
 ) -> tuple[float, float]:
   """Percentile bootstrap interval of the mean of ``x`` (``resamples`` resamples).
 
@@ -43,8 +43,12 @@ def bootstrap_ci(
   if x.size == 1 or np.all(x == x[0]):
     return (float(x[0]), float(x[0]))
   res = sps.bootstrap(
-      (x,), np.mean, n_resamples=resamples, confidence_level=level,
-      method="percentile", random_state=np.random.default_rng(seed),
+    (x,),
+    np.mean,
+    n_resamples=resamples,
+    confidence_level=level,
+    method="percentile",
+    random_state=np.random.default_rng(seed),
   )
   return (float(res.confidence_interval.low), float(res.confidence_interval.high))
 
@@ -65,8 +69,17 @@ def paired(a: Sequence[float], b: Sequence[float], *, resamples: int = 20_000) -
   else:
     t = p = float("nan")
   lo, hi = bootstrap_ci(d, resamples=resamples)
-  return Paired(n, float(np.mean(d)) if n else float("nan"), std, t, p,
-                int(np.sum(d > 0)), lo, hi, tuple(float(x) for x in d))
+  return Paired(
+    n,
+    float(np.mean(d)) if n else float("nan"),
+    std,
+    t,
+    p,
+    int(np.sum(d > 0)),
+    lo,
+    hi,
+    tuple(float(x) for x in d),
+  )
 
 
 def summarize(x: Sequence[float], ddof: int = 1) -> tuple[float, float]:

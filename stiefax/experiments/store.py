@@ -11,6 +11,7 @@ ends, however it ends, so a killed process never leaves a run locked.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -20,7 +21,8 @@ import socket
 import subprocess
 import tempfile
 import time
-from typing import Any, Optional
+from typing import Any
+from typing import Optional
 
 __all__ = ["digest", "code_version", "write_json", "read_json", "RunLock"]
 
@@ -42,8 +44,9 @@ def code_version() -> dict:
   root = pathlib.Path(stiefax.__file__).resolve().parent.parent
   info = {"version": stiefax.__version__, "commit": None, "dirty": None}
   try:
-    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True,
-                                    text=True, timeout=10, check=True).stdout.strip()
+    git = lambda *a: subprocess.run(
+      ["git", "-C", str(root), *a], capture_output=True, text=True, timeout=10, check=True
+    ).stdout.strip()
     info["commit"] = git("rev-parse", "HEAD") or None
     info["dirty"] = bool(git("status", "--porcelain", "--untracked-files=no", "--", "stiefax"))
   except (OSError, subprocess.SubprocessError):
@@ -151,10 +154,8 @@ class RunLock:
   def release(self) -> None:
     if self._fd is None:
       return
-    try:
+    with contextlib.suppress(FileNotFoundError):
       os.unlink(self.path)  # while still held: nobody can have claimed this file
-    except FileNotFoundError:
-      pass
     os.close(self._fd)
     self._fd = None
 
@@ -163,7 +164,7 @@ class RunLock:
     obj, _ = read_json(self.path)
     return obj if isinstance(obj, dict) else None
 
-  def __enter__(self) -> "RunLock":
+  def __enter__(self) -> RunLock:
     return self
 
   def __exit__(self, *exc) -> None:
