@@ -37,9 +37,9 @@ from stiefax.frames import FrameSpec
 
 
 class _ColumnMomentState(NamedTuple):
-  count: jax.Array
-  mu: Any
-  nu: Any
+  steps: jax.Array  # int32 scalar: updates taken (for the bias correction).
+  mu: Any  # the first moment, shaped like the params.
+  nu: Any  # the second moment, summed over ``axis`` of each frame.
 
 
 def _column_moment(b1: float, b2: float, eps: float, axis: int) -> optax.GradientTransformation:
@@ -58,15 +58,15 @@ def _column_moment(b1: float, b2: float, eps: float, axis: int) -> optax.Gradien
 
   def update_fn(updates, state, params=None):
     w, xi = spec.to_frames(params), spec.to_frames(updates)
-    count = state.count + 1
+    steps = optax.safe_increment(state.steps)
     m = geometry.stiefel_project(w, b1 * spec.to_frames(state.mu) + (1 - b1) * xi)
     v = b2 * state.nu + (1 - b2) * jnp.sum(jnp.square(xi), axis=axis, keepdims=True)
-    t = count.astype(xi.dtype)
-    m_hat, v_hat = m / (1 - b1**t), v / (1 - b2**t)
+    m_hat = optax.tree_utils.tree_bias_correction(m, b1, steps)
+    v_hat = optax.tree_utils.tree_bias_correction(v, b2, steps)
     step = geometry.stiefel_project(w, m_hat / (jnp.sqrt(v_hat) + eps))
     return (
       spec.from_frames(step, updates.shape),
-      _ColumnMomentState(count, spec.from_frames(m, updates.shape), v),
+      _ColumnMomentState(steps, spec.from_frames(m, updates.shape), v),
     )
 
   return optax.GradientTransformation(init_fn, update_fn)

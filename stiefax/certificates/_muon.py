@@ -138,17 +138,17 @@ def scipy_spectral_step(w: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, Any]:
 
   d, r = w.shape
   w_perp = scipy.linalg.null_space(w.T)
-  basis = []
+  directions: list[np.ndarray] = []
   for i, j in zip(*np.triu_indices(r, 1)):
     om = np.zeros((r, r))
     om[i, j], om[j, i] = 1.0, -1.0
-    basis.append(w @ om)
-  for i in range(d - r):
-    for j in range(r):
+    directions.append(w @ om)
+  for row in range(d - r):
+    for col in range(r):
       e = np.zeros((d - r, r))
-      e[i, j] = 1.0
-      basis.append(w_perp @ e)
-  basis = np.stack(basis)
+      e[row, col] = 1.0
+      directions.append(w_perp @ e)
+  basis = np.stack(directions)
   tril = np.tril_indices(r)
   low_basis = np.zeros((len(tril[0]), r, r))
   low_basis[np.arange(len(tril[0])), tril[0], tril[1]] = 1.0
