@@ -55,7 +55,7 @@ def mmuon_tangent(seed: int = 0, *, vacuous: bool = False) -> Certificate:
   """The manifold Muon step is tangent: ``W^T eta + eta^T W = 0``.
 
   One update of ``stiefax.manifold_muon(0.1)`` from a fresh state; its polar
-  retraction is undone exactly (:func:`lift`) and the residual is
+  retraction is undone exactly (a Lyapunov equation) and the residual is
   ``max|W^T eta + eta^T W| / lr``. Control: the Euclidean Muon step
   ``-lr msign(G)`` (``optax.contrib.muon``), which is not tangent.
 

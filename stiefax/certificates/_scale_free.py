@@ -276,7 +276,8 @@ def jensen_nonincreasing(seed: int = 0, *, vacuous: bool = False) -> Certificate
   ``stiefax.scalar_moment(0.9, 0.999, eps=0)`` on a sequence of non-increasing norms
   (``0.97**t`` times sorted jitter): for ``b1 <= b2`` the first-moment weights favour
   recent (smaller) gradients, so ``sum_s w_s a_s <= sum_s u_s a_s <= sqrt(sum_s u_s
-  a_s^2)`` (Chebyshev, then Jensen). Control: a growing sequence (``1.1**t``).
+  a_s^2)`` (Chebyshev, then Jensen): the bound of the remark after Proposition 3.
+  Control: a growing sequence (``1.1**t``).
 
   Example:
     >>> from stiefax import certificates
