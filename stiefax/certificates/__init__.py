@@ -99,11 +99,11 @@ from stiefax.certificates import _muon  # noqa: F401  (mMuon)
 from stiefax.certificates import _retractions  # noqa: F401  (retraction)
 # isort: on
 
+from stiefax.certificates import _core
 from stiefax.certificates._core import CONTROL_MARGIN
 from stiefax.certificates._core import OPTIMUM_TOLERANCE
 from stiefax.certificates._core import TOLERANCE
 from stiefax.certificates._core import Certificate
-from stiefax.certificates._core import registered
 from stiefax.certificates._muon import scipy_spectral_step as scipy_spectral_step
 
 # The tests of stiefax.muon lift its retracted steps with these.
@@ -111,10 +111,10 @@ from stiefax.certificates._problems import as_frames as _frames  # noqa: F401
 from stiefax.certificates._problems import lift as _lift  # noqa: F401
 
 #: Every certificate function, in the order of the table.
-CERTIFICATES = tuple(entry.function for entry in registered())
+CERTIFICATES = tuple(entry.function for entry in _core.registered())
 
 # Each certificate is a module attribute under its registered name.
-globals().update({entry.name: entry.function for entry in registered()})
+globals().update({entry.name: entry.function for entry in _core.registered()})
 
 __all__ = [
   "Certificate",
@@ -123,7 +123,7 @@ __all__ = [
   "TOLERANCE",
   "OPTIMUM_TOLERANCE",
   "run_all",
-  *(entry.name for entry in registered()),
+  *(entry.name for entry in _core.registered()),
 ]
 
 
