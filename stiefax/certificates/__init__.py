@@ -10,12 +10,6 @@ statistic that is small whatever it is fed) cannot pass. Every certificate funct
 takes ``vacuous=True`` to feed the control's input to the check itself (and some take
 the input directly: ``grads=``, ``max_norm=``, ``tx=``); the record then fails.
 
-The checks live in one module per proposition group (``_gauge``: 1, ``_steepest``: 2,
-``_scale_free``: 3 and the Jensen bound, ``_conditioning``: 6, ``_equivariance``: 7,
-``_decay``: 8 and 10, ``_muon``, ``_retractions``); each is registered by its
-decorator under its function's name, and :data:`CERTIFICATES` lists them in the order
-of the table below.
-
 Every function computes under ``jax.enable_x64(True)`` (a context, never the global
 setting) and returns a :class:`Certificate`; :func:`run_all` runs them all. Propositions
 refer to the paper "Directions That Don't Drift: Stiefel Manifold Routing for
@@ -34,6 +28,13 @@ defaults 0.9, 0.999) it holds when the tangent-gradient norms do not increase
 (Chebyshev's sum inequality, then Jensen), and a growing sequence breaks it: the two
 ``jensen_*`` certificates check exactly these statements, and their control is the
 default moment on a growing sequence.
+
+The checks live in one module per proposition group (``_gauge``: 1, ``_steepest``: 2,
+``_scale_free``: 3 and the Jensen bound, ``_conditioning``: 6, ``_equivariance``: 7,
+``_decay``: 8 and 10, ``_muon``, ``_retractions``). Each is registered by its
+decorator, ``@certificate(proposition)``, under its function's name (the record's
+``name``); :data:`CERTIFICATES` and ``__all__`` list the registered checks in the
+order of the table below (the order in which the groups are imported).
 
 Residuals measured by ``run_all(seed=0)`` (x86-64 CPU, jax 0.10.2; the last digit
 varies across platforms; ``stiefax certify`` prints the current table):
