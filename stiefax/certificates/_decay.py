@@ -1,5 +1,7 @@
-"""Proposition 8 (``Pi_W(lambda W) = 0``) and Proposition 10 (decoupled decay is
-absorbed by the retraction).
+"""Propositions 8 and 10: weight decay is normal, and the retraction absorbs it.
+
+Proposition 8: ``Pi_W(lambda W) = 0``; Proposition 10: decoupled decay is absorbed by
+the retraction at the price of a rescaled step.
 """
 
 from __future__ import annotations

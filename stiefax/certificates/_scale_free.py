@@ -1,5 +1,8 @@
-"""Proposition 3: degree one (fixed step) and degree zero (scalar-moment Adam,
-``eps = 0``), and the Jensen bound ``||m_hat_t|| <= sqrt(v_hat_t)`` of the remark after it.
+"""Proposition 3: degree one and degree zero, and the Jensen bound of the remark after it.
+
+Degree one: the fixed-step (Riemannian SGD) displacement; degree zero: the
+scalar-moment Riemannian Adam at ``eps = 0``; the Jensen bound:
+``||m_hat_t|| <= sqrt(v_hat_t)``.
 """
 
 from __future__ import annotations
