@@ -1,6 +1,9 @@
 """Every float64 certificate passes, and fails once its check is made vacuous."""
 
+import inspect
 import json
+import pathlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +12,8 @@ import pytest
 
 import stiefax
 from stiefax import certificates
+from stiefax.certificates import _core
+from stiefax.certificates import _problems
 from stiefax.experiments import cli
 
 NAMES = [f.__name__ for f in certificates.CERTIFICATES]
@@ -63,9 +68,9 @@ def test_float64_regardless_of_the_global_setting(results):
 
 
 def test_passing_needs_a_control_that_fails():
-  assert certificates._record("x", "1", 0.0, 1.0).passed
-  assert not certificates._record("x", "1", 0.0, 1e-9).passed  # control too small
-  assert not certificates._record("x", "1", 1e-9, 1.0).passed  # residual too large
+  assert _core.record("x", "1", 0.0, 1.0).passed
+  assert not _core.record("x", "1", 0.0, 1e-9).passed  # control too small
+  assert not _core.record("x", "1", 1e-9, 1.0).passed  # residual too large
 
 
 def test_another_seed_also_passes():
@@ -76,13 +81,13 @@ def test_another_seed_also_passes():
 
 def test_gauge_check_fails_on_a_random_pair_and_passes_on_a_true_gradient(x64):
   rng = np.random.default_rng(0)
-  d, h, r = certificates.D, certificates.H, certificates.R
+  d, h, r = _problems.D, _problems.H, _problems.R
   pair = (rng.standard_normal((d, h, r)), rng.standard_normal((d, h, r)))
   bad = certificates.joint_gauge_gradient(grads=pair)
   assert not bad.passed and bad.residual > 0.1
   # The certificate's own problem, differentiated independently of its code path.
-  p, _ = certificates._attention_problem(0)
-  grads = jax.grad(certificates._attention_loss, argnums=(3, 4))(p.x, p.w_v, p.target, p.w_q, p.w_k)
+  p, _ = _problems.attention_problem(0)
+  grads = jax.grad(_problems.attention_loss, argnums=(3, 4))(p.x, p.w_v, p.target, p.w_q, p.w_k)
   good = certificates.joint_gauge_gradient(grads=grads)
   assert good.passed and good.residual < 1e-13
 
@@ -102,15 +107,15 @@ def test_equivariance_check_fails_for_the_elementwise_moment():
 
 def test_lift_recovers_the_tangent_step(x64):
   rng = np.random.default_rng(1)
-  w = certificates._haar(rng, (2, 9, 3))
+  w = _problems.haar(rng, (2, 9, 3))
   g = rng.standard_normal(w.shape)
-  eta = g - w @ certificates._sym(np.swapaxes(w, -1, -2) @ g)  # tangent, with a gauge part
+  eta = g - w @ _problems.sym(np.swapaxes(w, -1, -2) @ g)  # tangent, with a gauge part
   u = np.asarray(stiefax.geometry.polar(jnp.asarray(w + eta), "newton_schulz"))
-  lifted = certificates._lift(w, u)
+  lifted = _problems.lift(w, u)
   np.testing.assert_allclose(lifted, eta, atol=1e-12)
   # Control: a normal step is not recovered (polar(W - W / 2) = W lifts to 0).
   normal = -0.5 * w
-  back = certificates._lift(w, np.asarray(stiefax.geometry.polar(jnp.asarray(w + normal))))
+  back = _problems.lift(w, np.asarray(stiefax.geometry.polar(jnp.asarray(w + normal))))
   assert np.max(np.abs(back)) < 1e-12 and np.max(np.abs(back - normal)) > 0.1
 
 
@@ -143,3 +148,77 @@ def test_certify_command_errors(capsys):
   assert cli.main(["certify", "--only", "grassmann_split", "--only", "decay_is_normal"]) == 0
   out = capsys.readouterr().out
   assert "2/2 checks pass" in out
+
+
+# ----------------------------------------------------------------------------
+# The registry: each certificate is named once, by its decorated function.
+# ----------------------------------------------------------------------------
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+ENTRIES = _core.registered()
+
+
+def _table_rows(text, start, stop):
+  """``(name, proposition)`` rows of a printed certificate table between two markers."""
+  block = text[text.index(start) : text.index(stop, text.index(start))]
+  rows = re.findall(r"^\s*([a-z]\w+)\s{2,}(\S.*?)\s{2,}[\d.]+e[-+]\d+\s", block, re.MULTILINE)
+  return [(name, prop.strip()) for name, prop in rows if name != "check"]
+
+
+def test_registered_names_are_unique_and_each_appears_once_in_certificates():
+  names = [e.name for e in ENTRIES]
+  assert len(names) == len(set(names)) >= 24
+  assert [f.__name__ for f in certificates.CERTIFICATES] == names
+  assert [e.function for e in ENTRIES] == list(certificates.CERTIFICATES)
+  for e in ENTRIES:
+    assert NAMES.count(e.name) == 1
+    assert certificates.__all__.count(e.name) == 1
+    assert getattr(certificates, e.name) is e.function
+    assert e.function.__module__.startswith("stiefax.certificates._")
+  assert len(certificates.__all__) == len(set(certificates.__all__))
+
+
+def test_every_certificate_docstring_states_its_proposition():
+  for e in ENTRIES:
+    doc = inspect.getdoc(e.function)
+    assert doc and doc.split("\n")[0].strip(), e.name
+    # The example prints the record's proposition: ('6(ii)', True).
+    assert f"{e.proposition!r}, True" in doc, e.name
+    number = re.match(r"(\d+)(\([iv]+\))?", e.proposition)
+    if number:  # the prose names it too: "Proposition 6(ii)", "Prop. 10", "Props. 8, 10"
+      prop = re.escape(number.group(0))
+      assert re.search(rf"Prop(?:osition|s?\.)\s+(?:\d+,\s*)*{prop}(?!\d)", doc), e.name
+    assert "vacuous:" in doc and "Returns:" in doc, e.name
+
+
+def test_the_documented_tables_list_the_registered_certificates_in_order():
+  registered = [(e.name, e.proposition) for e in ENTRIES]
+  docs = (ROOT / "docs" / "reproduction.md").read_text()
+  assert _table_rows(docs, "$ stiefax certify", "checks pass") == registered
+  assert _table_rows(certificates.__doc__, "=====", "Example:") == registered
+
+
+def test_the_registry_rejects_a_second_name_and_a_missing_vacuous(monkeypatch):
+  monkeypatch.setattr(_core, "_REGISTRY", {})
+
+  @_core.certificate("2", tolerance=1e-3)
+  def toy(seed: int = 0, *, vacuous: bool = False) -> certificates.Certificate:
+    """A toy check of Proposition 2."""
+    return _core.certify(lambda control: 1.0 if control else 1e-4 * (seed + 1), vacuous)
+
+  c = toy(0)
+  assert c == certificates.Certificate("toy", "2", 1e-4, 1e-3, 1.0, True)
+  assert not toy(0, vacuous=True).passed
+  assert toy(9).passed and not toy(10).passed  # residual 1e-3 is accepted, 1.1e-3 is not
+  assert [e.name for e in _core.registered()] == ["toy"]
+  with pytest.raises(ValueError, match="'toy' is registered twice"):
+    _core.certificate("2")(toy.__wrapped__)
+
+  def no_vacuous(seed: int = 0) -> certificates.Certificate:
+    """Proposition 2."""
+    raise AssertionError
+
+  with pytest.raises(ValueError, match="vacuous"):
+    _core.certificate("2")(no_vacuous)
+  with pytest.raises(RuntimeError, match="@certificate"):
+    _core.certify(lambda control: 0.0, False)

@@ -1,0 +1,55 @@
+"""The transforms under test, built once per argument tuple.
+
+Caching the transform objects keeps their compiled trajectories (``jax.jit`` with the
+transform static) alive across certificates and calls.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import optax
+
+from stiefax import transforms
+from stiefax.alias import riemannian_adam
+from stiefax.alias import riemannian_sgd
+from stiefax.alias import stiefel_adamw
+from stiefax.certificates._problems import TAU
+
+# Transforms are built once, so their compiled trajectories are reused across calls.
+cached_tx = functools.lru_cache(maxsize=None)
+
+
+@cached_tx
+def adam_tx(lr=1.0, eps=1e-8, max_norm=TAU, moment="scalar"):
+  return riemannian_adam(lr, 0.9, 0.999, eps, max_norm, moment=moment)
+
+
+@cached_tx
+def retract_tx():
+  return transforms.polar_retract()
+
+
+@cached_tx
+def cap_tx():
+  return transforms.step_norm_cap(TAU)
+
+
+@cached_tx
+def stiefel_adamw_tx(weight_decay):
+  return stiefel_adamw(0.01, weight_decay=weight_decay)
+
+
+@cached_tx
+def sgd_tx(lr=0.02):
+  return riemannian_sgd(lr)
+
+
+@cached_tx
+def euclidean_adam_tx(lr=1e-2):
+  return optax.adamw(lr, weight_decay=0.0)
+
+
+@cached_tx
+def moment_tx(b1=0.9, b2=0.999, eps=0.0):
+  return transforms.scalar_moment(b1, b2, eps)
