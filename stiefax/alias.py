@@ -15,9 +15,16 @@ import optax
 
 from stiefax import geometry
 from stiefax import transforms
+from stiefax.flax import qk_frames
 from stiefax.frames import FramesLike
 from stiefax.frames import FrameSpec
 from stiefax.frames import checked_frames
+from stiefax.labels import EUCLIDEAN_LABEL
+from stiefax.labels import STIEFEL_LABEL
+from stiefax.labels import layout_of
+from stiefax.labels import missing_frames_hint
+from stiefax.labels import path_names
+from stiefax.labels import resolve_labels
 
 __all__ = ["MOMENTS", "FramesAndRestState", "riemannian_adam", "riemannian_sgd", "stiefel_adamw"]
 
@@ -303,10 +310,6 @@ def riemannian_sgd(
   )
 
 
-STIEFEL_LABEL = "stiefel"
-EUCLIDEAN_LABEL = "adamw"
-
-
 def _decay_mask(params):
   return jax.tree.map(lambda p: p.ndim >= 2, params)
 
@@ -342,7 +345,7 @@ def _checked_labels(labels: Any) -> Callable[[Any], Any]:
   valid = {STIEFEL_LABEL, EUCLIDEAN_LABEL}
 
   def fn(params):
-    tree = labels(params) if callable(labels) else labels
+    tree = resolve_labels(params, labels)
     found = set(jax.tree.leaves(tree))
     if not found <= valid:
       raise ValueError(
@@ -362,18 +365,10 @@ def _checked_labels(labels: Any) -> Callable[[Any], Any]:
     except (ValueError, TypeError) as e:
       raise ValueError(_structure_message(tree, params)) from e
     if STIEFEL_LABEL not in found:
-      from stiefax.flax import _nothing_selected_message  # pylint: disable=g-import-not-at-top
-      from stiefax.flax import attention_like  # pylint: disable=g-import-not-at-top
-
-      attention = attention_like(params)
-      why = (
-        _nothing_selected_message(attention)
-        if attention
-        else "the params hold no attention-like parameter either."
-      )
       raise ValueError(
         f"stiefel_adamw: no parameter is labelled {STIEFEL_LABEL!r}, so every"
-        " parameter would train as plain AdamW (use optax.adamw for that); " + why
+        " parameter would train as plain AdamW (use optax.adamw for that); "
+        + missing_frames_hint(params)
       )
     return tree
 
@@ -511,8 +506,10 @@ def stiefel_adamw(
     stiefel: the transform for the frames (default
       ``riemannian_adam(frames=frames)``). When you give it, give it the same
       ``frames``.
-    labels: a tree of ``"stiefel"`` / ``"adamw"`` labels matching the params, or a
-      callable ``params -> labels`` (default :func:`stiefax.flax.qk_labels`).
+    labels: a tree of ``"stiefel"`` / ``"adamw"`` labels matching the params, a
+      callable ``params -> labels``, or ``None`` (default: the query/key weights
+      found by :func:`stiefax.flax.qk_labels`; a single array is one frame
+      parameter; see :func:`stiefax.labels.resolve_labels`).
     frames: how each frame parameter is viewed as frames (default
       :func:`stiefax.flax.qk_frames`, which reads each layout from its name; Dense
       layouts need ``qk_frames(head_dim=...)``). It also decides which entries of a
@@ -521,11 +518,7 @@ def stiefel_adamw(
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
-  from stiefax import flax as stiefax_flax  # pylint: disable=g-import-not-at-top
-
-  if labels is None:
-    labels = stiefax_flax.qk_labels
-  named = stiefax_flax.qk_frames()
+  named = qk_frames()
   if stiefel is None:
     stiefel = riemannian_adam(frames=named if frames is None else frames)
 
@@ -533,8 +526,8 @@ def stiefel_adamw(
     # Without frames= and with a custom stiefel, only the fused layouts known by name
     # are consulted (stiefel was given their FrameSpecs, or it would reject them).
     if frames is None:
-      names = stiefax_flax.path_names(path)
-      if tuple(names[-2:]) not in stiefax_flax._FUSED:
+      layout = layout_of(path_names(path))
+      if layout is None or not layout.partial:
         return None
     spec = checked_frames(named if frames is None else frames, path, w)
     return None if spec.select is None else spec

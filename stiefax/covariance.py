@@ -35,6 +35,7 @@ from typing import Any
 from typing import Callable
 from typing import NamedTuple
 from typing import Optional
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +45,8 @@ import optax
 from stiefax.frames import FramesLike
 from stiefax.frames import FrameSpec
 from stiefax.frames import resolve_frames
+from stiefax.labels import STIEFEL_LABEL
+from stiefax.labels import label_mask
 from stiefax.sphere import frame_axes
 
 __all__ = [
@@ -61,7 +64,16 @@ __all__ = [
   "ReferenceELR",
 ]
 
-FRAMES_LABEL = "stiefel"
+
+def __getattr__(name: str) -> Any:
+  if name == "FRAMES_LABEL":
+    warnings.warn(
+      "stiefax.covariance.FRAMES_LABEL is deprecated; use stiefax.labels.STIEFEL_LABEL.",
+      DeprecationWarning,
+      stacklevel=2,
+    )
+    return STIEFEL_LABEL
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ----------------------------------------------------------------------------
@@ -113,24 +125,9 @@ class Action:
     return lambda params, *args, **kwargs: loss_fn(self.backward(params), *args, **kwargs)
 
 
-def _selected(labels: Any, label: str, params: Any) -> list[bool]:
-  """Which leaves of ``params`` an action touches (all when ``labels`` is None)."""
-  leaves = jax.tree.leaves(params)
-  if labels is None:
-    return [True] * len(leaves)
-  tree = labels(params) if callable(labels) else labels
-  flat = jax.tree.leaves(tree)
-  if len(flat) != len(leaves):
-    raise ValueError(
-      f"labels has {len(flat)} leaves but params has {len(leaves)}; give a label"
-      " tree with the structure of params (see stiefax.flax.qk_labels)."
-    )
-  return [lab == label for lab in flat]
-
-
 def _map_selected(fn: Callable, params: Any, labels: Any, label: str) -> Any:
   """Applies ``fn(path, leaf)`` to the selected leaves, the identity elsewhere."""
-  mask = iter(_selected(labels, label, params))
+  mask = iter(label_mask(params, labels, label))
   return jax.tree_util.tree_map_with_path(lambda path, x: fn(path, x) if next(mask) else x, params)
 
 
@@ -172,7 +169,7 @@ def left_rotation(
   frames: FramesLike = FrameSpec(),
   *,
   labels: Any = None,
-  label: str = FRAMES_LABEL,
+  label: str = STIEFEL_LABEL,
 ) -> Action:
   """The left action ``W -> Q W`` of ``Q`` in ``O(d)`` on every frame.
 
@@ -196,8 +193,9 @@ def left_rotation(
     q: an orthogonal ``(d, d)`` matrix, or a batch of them broadcasting against the
       frames' batch shape (one per head, say).
     frames: how each leaf is viewed as frames.
-    labels: ``None`` (act on every leaf), a label tree or a callable
-      ``params -> labels`` such as :func:`stiefax.flax.qk_labels`.
+    labels: which leaves to act on: ``None`` (default: the query/key weights found by
+      :func:`stiefax.flax.qk_labels`; a single array is acted on whole), a label tree
+      or a callable ``params -> labels`` (see :func:`stiefax.labels.resolve_labels`).
     label: the label of the leaves to act on.
 
   Returns:
@@ -217,7 +215,7 @@ def right_rotation(
   frames: FramesLike = FrameSpec(),
   *,
   labels: Any = None,
-  label: str = FRAMES_LABEL,
+  label: str = STIEFEL_LABEL,
 ) -> Action:
   """The right action ``W -> W R`` of ``R`` in ``O(r)`` on every frame (the gauge).
 
@@ -241,8 +239,9 @@ def right_rotation(
     r: an orthogonal ``(r, r)`` matrix, or a batch of them broadcasting against the
       frames' batch shape.
     frames: how each leaf is viewed as frames.
-    labels: ``None`` (act on every leaf), a label tree or a callable
-      ``params -> labels``.
+    labels: which leaves to act on: ``None`` (default: the query/key weights found by
+      :func:`stiefax.flax.qk_labels`; a single array is acted on whole), a label tree
+      or a callable ``params -> labels`` (see :func:`stiefax.labels.resolve_labels`).
     label: the label of the leaves to act on.
 
   Returns:
@@ -257,7 +256,7 @@ def right_rotation(
   )
 
 
-def rescale(c: float, *, labels: Any = None, label: str = FRAMES_LABEL) -> Action:
+def rescale(c: float, *, labels: Any = None, label: str = STIEFEL_LABEL) -> Action:
   """Positive rescaling ``w -> c w`` of parameters.
 
   ``phi(w) = c w``, ``phi^{-1}(w) = w / c``; ``l'(w) = l(w / c)`` has gradient
@@ -270,14 +269,16 @@ def rescale(c: float, *, labels: Any = None, label: str = FRAMES_LABEL) -> Actio
   Example:
     >>> import jax.numpy as jnp
     >>> from stiefax.covariance import rescale
-    >>> act = rescale(2.0)
-    >>> act({"w": jnp.array([1.0, 3.0])})["w"]
-    Array([2., 6.], dtype=float32)
+    >>> act = rescale(2.0, labels={"w": "stiefel", "b": "adamw"})
+    >>> moved = act({"w": jnp.array([1.0, 3.0]), "b": jnp.array([1.0])})
+    >>> moved["w"], moved["b"]
+    (Array([2., 6.], dtype=float32), Array([1.], dtype=float32))
 
   Args:
     c: the factor, ``c > 0``.
-    labels: ``None`` (act on every leaf), a label tree or a callable
-      ``params -> labels``.
+    labels: which leaves to act on: ``None`` (default: the query/key weights found by
+      :func:`stiefax.flax.qk_labels`; a single array is acted on whole), a label tree
+      or a callable ``params -> labels`` (see :func:`stiefax.labels.resolve_labels`).
     label: the label of the leaves to act on.
 
   Returns:
@@ -515,13 +516,14 @@ def update_summary(
   labels: Any = None,
   frames: FramesLike = FrameSpec(),
   *,
-  label: str = FRAMES_LABEL,
+  label: str = STIEFEL_LABEL,
   groups: Any = None,
 ) -> dict[str, jax.Array]:
   """Effective learning rate per parameter group, as a flat dict of scalars.
 
-  Leaves labelled ``label`` (e.g. by :func:`stiefax.flax.qk_labels`) are measured per
-  frame with ``frames`` and form the group ``"frames"``; every other leaf is measured
+  Leaves labelled ``label`` (by default the query/key weights found by
+  :func:`stiefax.flax.qk_labels`) are measured per frame with ``frames`` and form the
+  group ``"frames"``; every other leaf is measured
   as a whole and goes to ``"matrices"`` (rank >= 2) or ``"vectors"`` (rank <= 1).
   ``groups`` (a tree of group names like ``params``, or a callable
   ``params -> tree``) renames the groups. For each non-empty group::
@@ -548,7 +550,10 @@ def update_summary(
   Args:
     old: parameters before the update.
     new: parameters after the update.
-    labels: ``None`` (no frames), a label tree or a callable ``params -> labels``.
+    labels: which leaves are frames: ``None`` (default: the query/key weights found by
+      :func:`stiefax.flax.qk_labels`; a single array is one frame parameter), a label
+      tree or a callable ``params -> labels`` (see
+      :func:`stiefax.labels.resolve_labels`).
     frames: how the labelled leaves are viewed as frames.
     label: the label that marks frames.
     groups: optional group names per leaf, overriding the default grouping.
@@ -558,7 +563,7 @@ def update_summary(
   """
   flat_old, treedef = jax.tree_util.tree_flatten_with_path(old)
   flat_new = treedef.flatten_up_to(new)
-  is_frame = _selected(labels, label, old) if labels is not None else [False] * len(flat_old)
+  is_frame = label_mask(old, labels, label)
   if groups is not None:
     gtree = groups(old) if callable(groups) else groups
     names = jax.tree.leaves(gtree)
