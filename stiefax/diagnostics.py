@@ -170,8 +170,8 @@ class GaugeContent(NamedTuple):
       ``d=128, r=16`` (Table 8).
   """
 
-  joint: jax.Array  # ||P_joint (g_Q, g_K)|| / ||(Pi g_Q, Pi g_K)||: zero for a true gradient.
-  per_frame: jax.Array  # ||P_{G_WQ x G_WK} (g_Q, g_K)|| / ||(Pi g_Q, Pi g_K)||: ~0.25 at random.
+  joint: jax.Array
+  per_frame: jax.Array
 
 
 def _skew_sq_norm(a: jax.Array) -> jax.Array:
@@ -246,8 +246,8 @@ def gauge_content(
   wq, wk, gq, gk = (_wide(spec.to_frames(jnp.asarray(a))) for a in (w_q, w_k, g_q, g_k))
   aq, ak = geometry.mT(wq) @ gq, geometry.mT(wk) @ gk
   tangent = jnp.sqrt(
-    geometry.frame_sq_norm(geometry.stiefel_project(wq, gq))
-    + geometry.frame_sq_norm(geometry.stiefel_project(wk, gk))
+    geometry.frame_sq_norm(geometry.stiefel_tangent(wq, gq))
+    + geometry.frame_sq_norm(geometry.stiefel_tangent(wk, gk))
   )
   joint = jnp.sqrt(0.5 * _skew_sq_norm(aq + ak))
   per_frame = jnp.sqrt(_skew_sq_norm(aq) + _skew_sq_norm(ak))
@@ -403,16 +403,9 @@ class StepStatistics(NamedTuple):
       is).
   """
 
-  grad_norm: jax.Array  # ||Pi_W g||_F at the old point: the tangent-gradient norm.
-  step_norm: jax.Array  # ||W_new - W||_F: the displacement.
-  ratio: jax.Array  # step_norm / grad_norm (0 when both are 0, inf when only the gradient is).
-
-
-_TANGENT_FNS = {
-  "stiefel": geometry.stiefel_project,
-  "grassmann": geometry.grassmann_project,
-  "canonical": geometry.canonical_gradient,
-}
+  grad_norm: jax.Array
+  step_norm: jax.Array
+  ratio: jax.Array
 
 
 def step_statistics(
@@ -467,12 +460,12 @@ def step_statistics(
     A dict from each frame leaf's path (its :func:`stiefax.flax.path_names` joined by
       ``"/"``; ``""`` for a bare array) to a :class:`StepStatistics`.
   """
-  if projector not in _TANGENT_FNS:
+  if projector not in geometry.PROJECTIONS:
     raise ValueError(
       f"step_statistics: unknown projector {projector!r}; valid projectors are"
-      f" {tuple(_TANGENT_FNS)}."
+      f" {tuple(geometry.PROJECTIONS)}."
     )
-  tangent = _TANGENT_FNS[projector]
+  tangent = geometry.PROJECTIONS[projector].project
   n_old = len(jax.tree.leaves(old_params))
   new_flat, grad_flat = jax.tree.leaves(new_params), jax.tree.leaves(grads)
   if not n_old == len(new_flat) == len(grad_flat):

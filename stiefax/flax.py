@@ -191,7 +191,7 @@ def orthonormal_init(frames: FrameSpec = FrameSpec()) -> Callable[..., jax.Array
 
   def init(key, shape, dtype=jnp.float32):
     frames.frame_shape(shape)  # validates the spec for this shape
-    split_shape = frames._split_shape(shape)
+    split_shape = frames.split_shape(shape)
     batch_shape, d, r = whole.frame_shape(split_shape)
     cd = jnp.promote_types(geometry.compute_dtype(dtype), jnp.float32)
     a = jax.random.normal(key, batch_shape + (d, r), cd)
@@ -283,7 +283,7 @@ def orthogonality_penalty(
   def penalty(spec, w):
     wf = spec.to_frames(w)
     gram = geometry.mT(wf) @ wf
-    return jnp.sum(jnp.square(gram - geometry._eye_like(gram)))
+    return jnp.sum(jnp.square(gram - geometry.eye_like(gram)))
 
   terms = jax.tree.leaves(_map_labelled(penalty, params, labels, label, frames))
   return sum(terms, jnp.zeros([], jnp.float32))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from typing import Callable
 from typing import NamedTuple
 from typing import Optional
 from typing import Sequence
@@ -37,6 +38,7 @@ __all__ = [
   "qk_labels",
   "resolve_labels",
   "label_mask",
+  "checked_labels",
 ]
 
 #: The label of frame parameters: they are trained on ``St(d, r)``.
@@ -456,3 +458,88 @@ def label_mask(params: Any, labels: LabelsLike = None, label: str = STIEFEL_LABE
       " tree with the structure of params (see stiefax.flax.qk_labels)."
     )
   return [lab == label for lab in flat]
+
+
+def _top_keys(tree: Any) -> Optional[tuple[str, ...]]:
+  keys = getattr(tree, "keys", None)
+  return tuple(sorted(map(str, keys()))) if callable(keys) else None
+
+
+def _structure_message(labels: Any, params: Any, who: str) -> str:
+  """Why a label tree does not match the params, with the common case spelled out."""
+  lk, pk = _top_keys(labels), _top_keys(params)
+  if pk is not None and "params" in pk and (lk is None or "params" not in lk):
+    hint = (
+      " The params have a top 'params' level that the labels lack: build the labels"
+      " from the tree you pass to tx.init (labels=stiefax.flax.qk_labels as a"
+      " callable does), or wrap them as {'params': labels}."
+    )
+  elif lk is not None and "params" in lk and (pk is None or "params" not in pk):
+    hint = (
+      " The labels have a top 'params' level that the params lack: pass"
+      " labels['params'], or build the labels from the tree you pass to tx.init."
+    )
+  else:
+    hint = " Build the labels from the same tree you pass to tx.init."
+  return (
+    f"{who}: the label tree does not have the structure of the params"
+    f" (top-level keys {lk} vs {pk}).{hint}"
+  )
+
+
+def checked_labels(labels: LabelsLike = None, who: str = "stiefel_adamw") -> Callable[[Any], Any]:
+  """``params -> label tree`` for ``optax.partition``, refusing label trees that cannot work.
+
+  The tree is :func:`resolve_labels` of ``labels``; a ValueError (starting with
+  ``who``) names the problem when it holds a label other than :data:`STIEFEL_LABEL`
+  and :data:`EUCLIDEAN_LABEL`, does not have the structure of the params (with the
+  common mistake, a missing or extra top ``params`` level, spelled out), or labels no
+  parameter a frame.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from stiefax.labels import checked_labels
+    >>> fn = checked_labels({"w": "stiefel", "b": "sgd"})
+    >>> fn({"w": jnp.zeros((4, 2)), "b": jnp.zeros(2)})
+    Traceback (most recent call last):
+    ...
+    ValueError: stiefel_adamw: the label tree holds ["'sgd'"], ...
+
+  Args:
+    labels: ``None``, a label tree, or a callable ``params -> label tree``.
+    who: the name that starts the error messages.
+
+  Returns:
+    A callable ``params -> label tree``.
+  """
+  valid = {STIEFEL_LABEL, EUCLIDEAN_LABEL}
+
+  def fn(params):
+    tree = resolve_labels(params, labels)
+    found = set(jax.tree.leaves(tree))
+    if not found <= valid:
+      raise ValueError(
+        f"{who}: the label tree holds {sorted(map(repr, found - valid))}, but"
+        f" the only transforms are {sorted(valid)}. Label frame parameters"
+        f" {STIEFEL_LABEL!r} and everything else {EUCLIDEAN_LABEL!r} (see"
+        " stiefax.flax.qk_labels)."
+      )
+    n_params, n_labels = len(jax.tree.leaves(params)), len(jax.tree.leaves(tree))
+    if n_params != n_labels:
+      raise ValueError(
+        f"{who}: the label tree has {n_labels} leaves but the params have"
+        f" {n_params}; give one label per parameter (the same tree structure)."
+      )
+    try:
+      jax.tree.map(lambda *_: None, tree, params)
+    except (ValueError, TypeError) as e:
+      raise ValueError(_structure_message(tree, params, who)) from e
+    if STIEFEL_LABEL not in found:
+      raise ValueError(
+        f"{who}: no parameter is labelled {STIEFEL_LABEL!r}, so every"
+        " parameter would train as plain AdamW (use optax.adamw for that); "
+        + missing_frames_hint(params)
+      )
+    return tree
+
+  return fn

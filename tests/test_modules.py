@@ -70,3 +70,29 @@ def test_imports_are_at_module_level():
       and id(n) not in top
     ]
     assert not lazy, f"stiefax/{m}.py imports stiefax modules inside functions (lines {lazy})"
+
+
+@pytest.mark.parametrize("name", LIBRARY)
+def test_no_module_uses_another_modules_private_names(name):
+  tree = _tree(name)
+  aliases = {alias or mod for mod, alias in _imports(name).items()}
+  bad = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("stiefax"):
+      bad += [
+        a.name
+        for a in node.names
+        if a.name.startswith("_")
+        and a.name != "__version__"
+        # The package's private modules (stiefax._routing) hold public helpers.
+        and not (node.module == "stiefax" and (PACKAGE / f"{a.name}.py").exists())
+      ]
+    if (
+      isinstance(node, ast.Attribute)
+      and node.attr.startswith("_")
+      and not node.attr.startswith("__")
+      and isinstance(node.value, ast.Name)
+      and node.value.id in aliases
+    ):
+      bad.append(f"{node.value.id}.{node.attr} (line {node.lineno})")
+  assert not bad, f"stiefax/{name}.py uses private names of other modules: {bad}"
