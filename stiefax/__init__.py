@@ -10,6 +10,7 @@ from stiefax import covariance
 from stiefax import diagnostics
 from stiefax import flax
 from stiefax import geometry
+from stiefax import labels
 from stiefax import muon
 from stiefax.alias import MOMENTS
 from stiefax.alias import FramesAndRestState
@@ -68,6 +69,7 @@ __all__ = [
   "geometry",
   "muon",
   "flax",
+  "labels",
   "diagnostics",
   "covariance",
   "certificates",

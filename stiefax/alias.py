@@ -2,42 +2,37 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 from typing import Callable
 from typing import NamedTuple
 from typing import Optional
-from typing import Union
 
 import jax
-import jax.numpy as jnp
 import optax
 
+from stiefax import _routing
 from stiefax import geometry
 from stiefax import transforms
+from stiefax._fused import fused_scalar_adam
+from stiefax.flax import qk_frames
 from stiefax.frames import FramesLike
 from stiefax.frames import FrameSpec
 from stiefax.frames import checked_frames
+from stiefax.labels import EUCLIDEAN_LABEL
+from stiefax.labels import STIEFEL_LABEL
+from stiefax.labels import checked_labels
+from stiefax.labels import layout_of
+from stiefax.labels import path_names
+from stiefax.projections import project
 
 __all__ = ["MOMENTS", "FramesAndRestState", "riemannian_adam", "riemannian_sgd", "stiefel_adamw"]
 
 #: Second-moment rules by name (``moment=`` of :func:`riemannian_adam`).
 MOMENTS = ("scalar", "elementwise")
 
-ScalarOrSchedule = Union[float, jax.Array, optax.Schedule]
-
-
-def _projector(projector: str, frames: FramesLike) -> optax.GradientTransformation:
-  transforms._check_projector(projector)
-  return {
-    "stiefel": transforms.stiefel_project,
-    "grassmann": transforms.grassmann_project,
-    "canonical": transforms.canonical_gradient,
-  }[projector](frames)
-
 
 def riemannian_adam(
-  learning_rate: ScalarOrSchedule = 1.0,
+  learning_rate: optax.ScalarOrSchedule = 1.0,
   b1: float = 0.9,
   b2: float = 0.999,
   eps: float = 1e-8,
@@ -84,8 +79,8 @@ def riemannian_adam(
   product ``W^T [g | m_{t-1}]`` and one ``W [N_g | N_m]``
   (``xi = g - W N_g``, ``m_t = b1 m_{t-1} + (1 - b1) g - W N_m``; ``N_g = sym(W^T g)``
   for eq. (3)), the cap is a per-frame scalar on ``m_t``, and no intermediate step is
-  rounded to the parameter dtype between transforms. The result equals the chain's to
-  rounding (checked in float64 to 1e-11); ``fused=False`` returns the chain itself.
+  rounded to the parameter dtype between transforms. The result and the state equal
+  the chain's to rounding; ``fused=False`` returns the chain itself.
 
   Example:
     >>> import jax, jax.numpy as jnp, optax, stiefax
@@ -123,17 +118,17 @@ def riemannian_adam(
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
-  if moment not in MOMENTS:
-    raise ValueError(f"Unknown moment {moment!r}; valid moments are {MOMENTS}.")
+  _routing.check_name("moment", moment, MOMENTS)
   moment_fn = transforms.scalar_moment if moment == "scalar" else transforms.elementwise_moment
-  transport = "grassmann" if projector == "grassmann" else "stiefel"
+  transport = geometry.projection(projector).transport
+  lr_tx = optax.scale_by_learning_rate(learning_rate)
   parts = [
-    _projector(projector, frames),
-    moment_fn(b1, b2, eps, frames, projector=transport, mu_dtype=mu_dtype),
-    optax.scale_by_learning_rate(learning_rate),
+    project(projector, frames=frames),
+    moment_fn(b1, b2, eps, frames=frames, projector=transport, mu_dtype=mu_dtype),
+    lr_tx,
   ]
   if max_norm is not None:
-    parts.append(transforms.step_norm_cap(max_norm, frames))
+    parts.append(transforms.step_norm_cap(max_norm, frames=frames))
   # A static cap bounds the singular values of W + eta (Proposition 6), which fixes the
   # Newton-Schulz iteration count; a traced or absent cap iterates to convergence.
   bound = float(max_norm) if isinstance(max_norm, (int, float)) else None
@@ -141,128 +136,35 @@ def riemannian_adam(
   chain = optax.chain(*parts)
   if not fused or moment != "scalar":
     return chain
-  return _fused_scalar_adam(
-    chain, parts[2], b1, b2, eps, max_norm, projector, polar, bound, frames, retraction
+  return fused_scalar_adam(
+    chain,
+    lr_tx,
+    b1=b1,
+    b2=b2,
+    eps=eps,
+    max_norm=max_norm,
+    projector=projector,
+    polar=polar,
+    step_bound=bound,
+    retraction=retraction,
+    frames=frames,
   )
 
 
 def _retraction(
-  frames, retraction, polar, bound=None, init_tol=None
+  frames: FramesLike,
+  retraction: str,
+  polar: str,
+  bound: Optional[float] = None,
+  init_tol: Optional[float] = None,
 ) -> optax.GradientTransformation:
-  transforms._check_retraction(retraction)
-  name = "polar_retract" if retraction == "polar" else "retract"
-  return transforms.retract(
-    frames, retraction, polar, step_bound=bound, name=name, init_tol=init_tol
-  )
-
-
-def _fused_moment(w, g, m_prev, b1, projector, concat):
-  """``xi = Pi(g)`` and ``m = Pi_W(b1 m_prev + (1 - b1) xi)`` from shared products.
-
-  Every projector here has the form ``Pi(x) = x - W N(W^T x)`` with ``N`` linear
-  (``sym`` for eq. (3), the identity for the horizontal projector, the transpose for
-  the canonical gradient (eq. 4), whose output is already tangent and whose moment is
-  transported with eq. (3)). So the products ``W^T [g | m_prev]`` give both ``N``
-  arguments and ``W [N_g | b1 N_m + (1 - b1) N_g]`` gives ``xi`` and ``m``. With
-  ``concat`` each pair is one matrix product; without, two (for frames viewed through a
-  transpose, where XLA folds the transpose into separate products but must copy it
-  into a concatenation).
-  """
-  r = w.shape[-1]
-  mT, sym = geometry.mT, geometry.sym
-  if concat:
-    p = mT(w) @ jnp.concatenate([g, m_prev], axis=-1)
-    a, b = p[..., :r], p[..., r:]
-  else:
-    a, b = mT(w) @ g, mT(w) @ m_prev
-  n_g = {"stiefel": sym, "grassmann": lambda x: x, "canonical": mT}[projector](a)
-  n_m = b if projector == "grassmann" else sym(b)
-  n_mix = b1 * n_m + (1 - b1) * n_g
-  if concat:
-    q = w @ jnp.concatenate([n_g, n_mix], axis=-1)
-    wn_g, wn_mix = q[..., :r], q[..., r:]
-  else:
-    wn_g, wn_mix = w @ n_g, w @ n_mix
-  return g - wn_g, b1 * m_prev + (1 - b1) * g - wn_mix
-
-
-def _fused_scalar_adam(
-  chain, lr_tx, b1, b2, eps, max_norm, projector, polar, step_bound, frames, retraction
-) -> optax.GradientTransformation:
-  """:func:`riemannian_adam` with the scalar moment, one pass per frame (same state)."""
-
-  def update_fn(updates, state, params=None):
-    transforms._require_params("riemannian_adam", params)
-    states = list(state)
-    moment_state, retract_state = states[1], states[-1]
-    count = optax.safe_increment(moment_state.count)
-    # The learning rate (or schedule) acts through its own transform and state.
-    ones = jax.tree.map(lambda w: jnp.ones([], geometry.compute_dtype(w.dtype)), params)
-    neg_lr, states[2] = lr_tx.update(ones, states[2])
-
-    def leaf(path, g, w, mu, nu, m_skipped, r_skipped, neg_lr):
-      spec = checked_frames(frames, path, w)
-      cd = jnp.promote_types(transforms._compute_dtype(g, w), nu.dtype)
-      wf = spec.to_frames(w).astype(cd)
-      m_prev = spec.to_frames(mu).astype(cd)
-      xi, m = _fused_moment(
-        wf,
-        spec.to_frames(g).astype(cd),
-        m_prev,
-        b1,
-        projector,
-        concat=spec.is_contiguous(w.ndim),
-      )
-      sq_norm = geometry.frame_sq_norm(xi)
-      finite = jnp.isfinite(sq_norm)
-      m = jnp.where(transforms._expand(finite), m, m_prev)  # a skipped frame keeps m
-      v = b2 * nu.astype(cd) + (1 - b2) * jnp.where(finite, sq_norm, 0)
-      t = count.astype(cd)
-      den = jnp.sqrt(v / (1 - jnp.asarray(b2, cd) ** t)) + eps
-      ok = finite & (den > 0)  # v_hat = 0 (and eps = 0) is a zero step, not 0/0.
-      coef = jnp.where(ok, 1 / ((1 - jnp.asarray(b1, cd) ** t) * jnp.where(ok, den, 1)), 0)
-      coef = coef * neg_lr.astype(cd)  # eta = coef * m, before the cap
-      m_sq = geometry.frame_sq_norm(m)
-      if max_norm is not None:
-        norm = jnp.abs(coef) * jnp.sqrt(m_sq)
-        limit = jnp.asarray(max_norm, cd) * math.sqrt(wf.shape[-1])
-        coef = coef * transforms._cap_factor(norm, limit)
-      delta, eta_finite = transforms._retract_frames(
-        wf,
-        transforms._expand(coef) * m,
-        polar,
-        step_bound,
-        sq_norm=coef * coef * m_sq,
-        retraction=retraction,
-      )
-      return (
-        spec.from_frames(delta, g.shape).astype(w.dtype),
-        spec.from_frames(m, w.shape).astype(mu.dtype),
-        jnp.where(finite, v, nu).astype(nu.dtype),
-        m_skipped + (~finite).astype(jnp.int32),
-        r_skipped + (~eta_finite).astype(jnp.int32),
-      )
-
-    out, mu, nu, m_skipped, r_skipped = transforms._per_leaf(
-      leaf,
-      5,
-      updates,
-      params,
-      moment_state.mu,
-      moment_state.nu,
-      moment_state.skipped,
-      retract_state.skipped,
-      neg_lr,
-    )
-    states[1] = moment_state._replace(count=count, mu=mu, nu=nu, skipped=m_skipped)
-    states[-1] = retract_state._replace(skipped=r_skipped)
-    return out, tuple(states)
-
-  return optax.GradientTransformation(chain.init, update_fn)
+  if retraction == "polar":
+    return transforms.polar_retract(polar, frames=frames, step_bound=bound, init_tol=init_tol)
+  return transforms.retract(retraction, polar, frames=frames, step_bound=bound, init_tol=init_tol)
 
 
 def riemannian_sgd(
-  learning_rate: ScalarOrSchedule = 0.02,
+  learning_rate: optax.ScalarOrSchedule = 0.02,
   *,
   projector: str = "grassmann",
   polar: str = "auto",
@@ -297,87 +199,14 @@ def riemannian_sgd(
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
   return optax.chain(
-    _projector(projector, frames),
+    project(projector, frames=frames),
     optax.scale_by_learning_rate(learning_rate),
     _retraction(frames, retraction, polar, init_tol=init_tol),
   )
 
 
-STIEFEL_LABEL = "stiefel"
-EUCLIDEAN_LABEL = "adamw"
-
-
 def _decay_mask(params):
   return jax.tree.map(lambda p: p.ndim >= 2, params)
-
-
-def _top_keys(tree: Any) -> Optional[tuple[str, ...]]:
-  keys = getattr(tree, "keys", None)
-  return tuple(sorted(map(str, keys()))) if callable(keys) else None
-
-
-def _structure_message(labels: Any, params: Any) -> str:
-  """Why a label tree does not match the params, with the common case spelled out."""
-  lk, pk = _top_keys(labels), _top_keys(params)
-  if pk is not None and "params" in pk and (lk is None or "params" not in lk):
-    hint = (
-      " The params have a top 'params' level that the labels lack: build the labels"
-      " from the tree you pass to tx.init (labels=stiefax.flax.qk_labels as a"
-      " callable does), or wrap them as {'params': labels}."
-    )
-  elif lk is not None and "params" in lk and (pk is None or "params" not in pk):
-    hint = (
-      " The labels have a top 'params' level that the params lack: pass"
-      " labels['params'], or build the labels from the tree you pass to tx.init."
-    )
-  else:
-    hint = " Build the labels from the same tree you pass to tx.init."
-  return (
-    f"stiefel_adamw: the label tree does not have the structure of the params"
-    f" (top-level keys {lk} vs {pk}).{hint}"
-  )
-
-
-def _checked_labels(labels: Any) -> Callable[[Any], Any]:
-  valid = {STIEFEL_LABEL, EUCLIDEAN_LABEL}
-
-  def fn(params):
-    tree = labels(params) if callable(labels) else labels
-    found = set(jax.tree.leaves(tree))
-    if not found <= valid:
-      raise ValueError(
-        f"stiefel_adamw: the label tree holds {sorted(map(repr, found - valid))}, but"
-        f" the only transforms are {sorted(valid)}. Label frame parameters"
-        f" {STIEFEL_LABEL!r} and everything else {EUCLIDEAN_LABEL!r} (see"
-        " stiefax.flax.qk_labels)."
-      )
-    n_params, n_labels = len(jax.tree.leaves(params)), len(jax.tree.leaves(tree))
-    if n_params != n_labels:
-      raise ValueError(
-        f"stiefel_adamw: the label tree has {n_labels} leaves but the params have"
-        f" {n_params}; give one label per parameter (the same tree structure)."
-      )
-    try:
-      jax.tree.map(lambda *_: None, tree, params)
-    except (ValueError, TypeError) as e:
-      raise ValueError(_structure_message(tree, params)) from e
-    if STIEFEL_LABEL not in found:
-      from stiefax.flax import _nothing_selected_message  # pylint: disable=g-import-not-at-top
-      from stiefax.flax import attention_like  # pylint: disable=g-import-not-at-top
-
-      attention = attention_like(params)
-      why = (
-        _nothing_selected_message(attention)
-        if attention
-        else "the params hold no attention-like parameter either."
-      )
-      raise ValueError(
-        f"stiefel_adamw: no parameter is labelled {STIEFEL_LABEL!r}, so every"
-        " parameter would train as plain AdamW (use optax.adamw for that); " + why
-      )
-    return tree
-
-  return fn
 
 
 class FramesAndRestState(NamedTuple):
@@ -428,7 +257,7 @@ def _frames_and_rest(
     return FramesAndRestState(state, rest_tx.init(rest_tree(params, found)))
 
   def update_fn(updates, state, params=None):
-    transforms._require_params("stiefel_adamw", params)
+    _routing.require_params("stiefel_adamw", params)
     found = specs(params)
     if all(s is None for s in found):
       return stiefel.update(updates, state, params)
@@ -457,7 +286,7 @@ def _rest_leaves(rest_tree: Any, found: list) -> list:
 
 
 def stiefel_adamw(
-  learning_rate: ScalarOrSchedule,
+  learning_rate: optax.ScalarOrSchedule,
   weight_decay: float = 1e-4,
   *,
   b1: float = 0.9,
@@ -511,8 +340,10 @@ def stiefel_adamw(
     stiefel: the transform for the frames (default
       ``riemannian_adam(frames=frames)``). When you give it, give it the same
       ``frames``.
-    labels: a tree of ``"stiefel"`` / ``"adamw"`` labels matching the params, or a
-      callable ``params -> labels`` (default :func:`stiefax.flax.qk_labels`).
+    labels: a tree of ``"stiefel"`` / ``"adamw"`` labels matching the params, a
+      callable ``params -> labels``, or ``None`` (default: the query/key weights
+      found by :func:`stiefax.flax.qk_labels`; a single array is one frame
+      parameter; see :func:`stiefax.labels.resolve_labels`).
     frames: how each frame parameter is viewed as frames (default
       :func:`stiefax.flax.qk_frames`, which reads each layout from its name; Dense
       layouts need ``qk_frames(head_dim=...)``). It also decides which entries of a
@@ -521,11 +352,7 @@ def stiefel_adamw(
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
-  from stiefax import flax as stiefax_flax  # pylint: disable=g-import-not-at-top
-
-  if labels is None:
-    labels = stiefax_flax.qk_labels
-  named = stiefax_flax.qk_frames()
+  named = qk_frames()
   if stiefel is None:
     stiefel = riemannian_adam(frames=named if frames is None else frames)
 
@@ -533,8 +360,8 @@ def stiefel_adamw(
     # Without frames= and with a custom stiefel, only the fused layouts known by name
     # are consulted (stiefel was given their FrameSpecs, or it would reject them).
     if frames is None:
-      names = stiefax_flax.path_names(path)
-      if tuple(names[-2:]) not in stiefax_flax._FUSED:
+      layout = layout_of(path_names(path))
+      if layout is None or not layout.partial:
         return None
     spec = checked_frames(named if frames is None else frames, path, w)
     return None if spec.select is None else spec
@@ -549,5 +376,5 @@ def stiefel_adamw(
       STIEFEL_LABEL: _frames_and_rest(stiefel, euclidean(), rest_spec),
       EUCLIDEAN_LABEL: euclidean(),
     },
-    _checked_labels(labels),
+    checked_labels(labels, "stiefel_adamw"),
   )

@@ -1,7 +1,8 @@
 """Geometric diagnostics: manifold distance, tangency, gauge content, equivariance, steps.
 
-All functions are pure, work on arrays or parameter trees (with an optional label tree,
-as given by :func:`stiefax.flax.qk_labels`), and run under ``jax.jit``. Equation,
+All functions are pure, work on arrays or parameter trees (with an optional label tree;
+``labels=None`` means the query/key weights found by :func:`stiefax.flax.qk_labels`),
+and run under ``jax.jit``. Equation,
 table and proposition numbers refer to the paper "Directions That Don't Drift: Stiefel
 Manifold Routing for Transformer Attention".
 
@@ -27,19 +28,21 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from stiefax import covariance
 from stiefax import geometry
-from stiefax.alias import STIEFEL_LABEL
 
 # Re-exported so that every diagnostic is reachable from one module.
 from stiefax.covariance import angular_update
 from stiefax.covariance import covariance_violation
 from stiefax.covariance import effective_learning_rate
 from stiefax.covariance import update_summary
+from stiefax.flax import qk_frames
 from stiefax.frames import FramesLike
 from stiefax.frames import FrameSpec
 from stiefax.frames import checked_frames
 from stiefax.frames import resolve_frames
+from stiefax.labels import STIEFEL_LABEL
+from stiefax.labels import label_mask
+from stiefax.labels import path_names
 
 __all__ = [
   "isometry_error",
@@ -57,25 +60,23 @@ __all__ = [
 ]
 
 
-def _labelled_leaves(params: Any, labels: Any, label: str, frames: FramesLike):
-  """``[(index, path, spec, leaf)]`` for the labelled leaves (all when ``labels`` is None).
+def _labelled_leaves(params: Any, labels: Any, label: str, frames: Optional[FramesLike]):
+  """``[(index, path, spec, leaf)]`` for the labelled leaves (see ``resolve_labels``).
 
   ``index`` is the leaf's position in ``jax.tree.leaves(params)``.
   """
   if frames is None:
-    from stiefax.flax import qk_frames  # pylint: disable=g-import-not-at-top
-
     frames = qk_frames()
   flat = jax.tree_util.tree_flatten_with_path(params)[0]
   return [
     (i, p, checked_frames(frames, p, x), x)
-    for i, ((p, x), keep) in enumerate(zip(flat, covariance._selected(labels, label, params)))
+    for i, ((p, x), keep) in enumerate(zip(flat, label_mask(params, labels, label)))
     if keep
   ]
 
 
-def _frame_leaves(params: Any, labels: Any, label: str, frames: FramesLike):
-  """``[(spec, leaf)]`` for the labelled leaves (all leaves when ``labels`` is None)."""
+def _frame_leaves(params: Any, labels: Any, label: str, frames: Optional[FramesLike]):
+  """``[(spec, leaf)]`` for the labelled leaves."""
   return [(spec, x) for _, _, spec, x in _labelled_leaves(params, labels, label, frames)]
 
 
@@ -103,8 +104,10 @@ def isometry_error(
 
   Args:
     params: an array or a parameter tree.
-    labels: ``None`` (every leaf is a frame), a label tree or a callable
-      ``params -> labels`` such as :func:`stiefax.flax.qk_labels`.
+    labels: which leaves are frames: ``None`` (default: the query/key weights found by
+      :func:`stiefax.flax.qk_labels`; a single array is one frame parameter), a label
+      tree or a callable ``params -> labels`` (see
+      :func:`stiefax.labels.resolve_labels`).
     frames: how each leaf is viewed as frames (default
       :func:`stiefax.flax.qk_frames`, which reads the layout from the name).
     label: the label that marks frames.
@@ -122,7 +125,8 @@ def isometry_error(
     raise ValueError(
       f"isometry_error: no leaf of the params is labelled {label!r}, so there is no"
       " frame to measure (an error of 0.0 would look like success). Check the"
-      " labels (stiefax.flax.qk_labels(params) shows which leaves are frames)."
+      " labels (stiefax.flax.qk_labels(params) shows which leaves are frames, and"
+      " is what labels=None selects)."
     )
   return jnp.max(jnp.stack([e.astype(jnp.float32) for e in errs]))
 
@@ -166,8 +170,8 @@ class GaugeContent(NamedTuple):
       ``d=128, r=16`` (Table 8).
   """
 
-  joint: jax.Array  # ||P_joint (g_Q, g_K)|| / ||(Pi g_Q, Pi g_K)||: zero for a true gradient.
-  per_frame: jax.Array  # ||P_{G_WQ x G_WK} (g_Q, g_K)|| / ||(Pi g_Q, Pi g_K)||: ~0.25 at random.
+  joint: jax.Array
+  per_frame: jax.Array
 
 
 def _skew_sq_norm(a: jax.Array) -> jax.Array:
@@ -242,8 +246,8 @@ def gauge_content(
   wq, wk, gq, gk = (_wide(spec.to_frames(jnp.asarray(a))) for a in (w_q, w_k, g_q, g_k))
   aq, ak = geometry.mT(wq) @ gq, geometry.mT(wk) @ gk
   tangent = jnp.sqrt(
-    geometry.frame_sq_norm(geometry.stiefel_project(wq, gq))
-    + geometry.frame_sq_norm(geometry.stiefel_project(wk, gk))
+    geometry.frame_sq_norm(geometry.stiefel_tangent(wq, gq))
+    + geometry.frame_sq_norm(geometry.stiefel_tangent(wk, gk))
   )
   joint = jnp.sqrt(0.5 * _skew_sq_norm(aq + ak))
   per_frame = jnp.sqrt(_skew_sq_norm(aq) + _skew_sq_norm(ak))
@@ -399,16 +403,9 @@ class StepStatistics(NamedTuple):
       is).
   """
 
-  grad_norm: jax.Array  # ||Pi_W g||_F at the old point: the tangent-gradient norm.
-  step_norm: jax.Array  # ||W_new - W||_F: the displacement.
-  ratio: jax.Array  # step_norm / grad_norm (0 when both are 0, inf when only the gradient is).
-
-
-_TANGENT_FNS = {
-  "stiefel": geometry.stiefel_project,
-  "grassmann": geometry.grassmann_project,
-  "canonical": geometry.canonical_gradient,
-}
+  grad_norm: jax.Array
+  step_norm: jax.Array
+  ratio: jax.Array
 
 
 def step_statistics(
@@ -449,8 +446,10 @@ def step_statistics(
     old_params: the parameters before the update (an array or a tree).
     new_params: the parameters after it (same structure).
     grads: the Euclidean gradients at ``old_params`` (same structure).
-    labels: ``None`` (every leaf is a frame), a label tree or a callable such as
-      :func:`stiefax.flax.qk_labels`.
+    labels: which leaves are frames: ``None`` (default: the query/key weights found by
+      :func:`stiefax.flax.qk_labels`; a single array is one frame parameter), a label
+      tree or a callable ``params -> labels`` (see
+      :func:`stiefax.labels.resolve_labels`).
     frames: how each leaf is viewed as frames (default
       :func:`stiefax.flax.qk_frames`).
     label: the label that marks frames.
@@ -461,14 +460,12 @@ def step_statistics(
     A dict from each frame leaf's path (its :func:`stiefax.flax.path_names` joined by
       ``"/"``; ``""`` for a bare array) to a :class:`StepStatistics`.
   """
-  from stiefax.flax import path_names  # pylint: disable=g-import-not-at-top
-
-  if projector not in _TANGENT_FNS:
+  if projector not in geometry.PROJECTIONS:
     raise ValueError(
       f"step_statistics: unknown projector {projector!r}; valid projectors are"
-      f" {tuple(_TANGENT_FNS)}."
+      f" {tuple(geometry.PROJECTIONS)}."
     )
-  tangent = _TANGENT_FNS[projector]
+  tangent = geometry.PROJECTIONS[projector].project
   n_old = len(jax.tree.leaves(old_params))
   new_flat, grad_flat = jax.tree.leaves(new_params), jax.tree.leaves(grads)
   if not n_old == len(new_flat) == len(grad_flat):

@@ -14,23 +14,28 @@ The three-line drop-in (linen params or ``nnx.Optimizer(model, tx, wrt=nnx.Param
 
 from __future__ import annotations
 
-import re
 from typing import Any
 from typing import Callable
-from typing import NamedTuple
 from typing import Optional
-from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 
 from stiefax import geometry
-from stiefax.alias import EUCLIDEAN_LABEL
-from stiefax.alias import STIEFEL_LABEL
 from stiefax.frames import FramesLike
 from stiefax.frames import FrameSpec
 from stiefax.frames import checked_frames
+from stiefax.labels import LAYOUTS
+from stiefax.labels import STIEFEL_LABEL
+from stiefax.labels import Layout
+from stiefax.labels import attention_like
+from stiefax.labels import layout_of
+from stiefax.labels import path_names
+from stiefax.labels import qk_labels
+from stiefax.labels import resolve_labels
 
+# The label helpers live in stiefax.labels (a leaf module); they are re-exported here,
+# their documented home for Flax users.
 __all__ = [
   "LAYOUTS",
   "Layout",
@@ -42,213 +47,6 @@ __all__ = [
   "orthogonality_penalty",
   "path_names",
 ]
-
-# Trailing attribute keys that nnx Variables add to a path (``.../kernel.value``).
-_VARIABLE_ATTRS = ("value", "raw_value")
-
-
-def path_names(path: Sequence[Any]) -> tuple[str, ...]:
-  """The names along a key path, without the attribute keys of nnx Variables.
-
-  ``('params', 'layer_0', 'query', 'kernel')`` for linen and nnx alike: at ``init``
-  an ``nnx.Optimizer`` passes Variables (paths end in ``.value``), at ``update`` plain
-  arrays.
-
-  Example:
-    >>> import jax
-    >>> from stiefax.flax import path_names
-    >>> path = jax.tree_util.tree_flatten_with_path({"query": {"kernel": 0}})[0][0][0]
-    >>> path_names(path)
-    ('query', 'kernel')
-
-  Args:
-    path: a key path, as given by ``jax.tree_util.tree_map_with_path``.
-
-  Returns:
-    The tuple of names (strings) along the path, in order (dict keys, sequence
-      indices and attribute names),
-      trailing ``value`` / ``raw_value`` attribute keys dropped.
-  """
-  names = []
-  for k in path:
-    if isinstance(k, jax.tree_util.DictKey):
-      names.append(str(k.key))
-    elif isinstance(k, jax.tree_util.SequenceKey):
-      names.append(str(k.idx))
-    elif isinstance(k, jax.tree_util.GetAttrKey):
-      names.append(str(k.name))
-    elif isinstance(k, jax.tree_util.FlattenedIndexKey):
-      names.append(str(k.key))
-    else:
-      names.append(str(k))
-  while names and names[-1] in _VARIABLE_ATTRS:
-    names.pop()
-  return tuple(names)
-
-
-# Lower-case name tokens that mark a parameter as part of an attention layer.
-_ATTENTION_TOKENS = frozenset(
-  {"q", "k", "wq", "wk", "qk", "qkv", "kv", "query", "key", "queries", "keys"}
-)
-_ATTENTION_WORDS = ("attn", "attention")
-
-
-def _looks_like_attention(names: Sequence[str]) -> bool:
-  for name in names:
-    low = name.lower()
-    if any(w in low for w in _ATTENTION_WORDS):
-      return True
-    if _ATTENTION_TOKENS.intersection(re.split(r"[^a-z]+", low)):
-      return True
-  return False
-
-
-def attention_like(params: Any) -> list[tuple[str, tuple[int, ...]]]:
-  """``(path, shape)`` of every matrix-shaped leaf whose path looks like attention.
-
-  A leaf of rank >= 2 is attention-like when an entry of its path contains ``attn`` or
-  ``attention``, or has a name token (split at non-letters) such as ``q``, ``k``,
-  ``wq``, ``query``, ``key``, ``qkv`` or ``kv``. :func:`qk_labels` and
-  :func:`stiefax.stiefel_adamw` use it to refuse a model whose attention they would
-  otherwise silently train as plain AdamW.
-
-  Example:
-    >>> import jax.numpy as jnp, stiefax
-    >>> params = {"attn": {"q_lin": {"w": jnp.zeros((8, 8))}}, "mlp": {"w": jnp.zeros((8, 8))}}
-    >>> stiefax.flax.attention_like(params)
-    [('attn/q_lin/w', (8, 8))]
-
-  Args:
-    params: a parameter tree.
-
-  Returns:
-    A list of ``(path, shape)``, the path's names joined by ``/``.
-  """
-  out = []
-  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    names = path_names(path)
-    if jnp.ndim(leaf) >= 2 and _looks_like_attention(names):
-      out.append(("/".join(names), tuple(jnp.shape(leaf))))
-  return out
-
-
-def _nothing_selected_message(found: Sequence[tuple[str, tuple[int, ...]]]) -> str:
-  """How to select frames, given the attention-like leaves that were found."""
-  shown = ", ".join(f"{p} {s}" for p, s in found[:6])
-  more = f" (and {len(found) - 6} more)" if len(found) > 6 else ""
-  modules = []
-  for p, _ in found:
-    names = p.split("/")
-    if len(names) >= 2 and names[-1] == "kernel" and names[-2] not in modules:
-      modules.append(names[-2])
-  hint = (
-    f" If {tuple(modules[:4])} hold queries and keys of shape (d_model, heads,"
-    f" head_dim), select them with labels=lambda p: stiefax.flax.qk_labels(p,"
-    f" modules={tuple(m for m in modules[:4])}); otherwise"
-    if modules
-    else " Select the query/key kernels with"
-  )
-  return (
-    f"it found attention-like parameters: {shown}{more}.{hint} a labels= tree or"
-    " callable marking them 'stiefel' (with frames= for their layout; see the"
-    " docs page 'Use it with your model')."
-  )
-
-
-class Layout(NamedTuple):
-  """One query/key weight layout that :func:`qk_labels` and :func:`qk_frames` know.
-
-  Attributes:
-    module: the module name, the path entry before ``param``.
-    param: the parameter name, the last path entry.
-    family: the model code that stores its weights this way.
-    shape: the weight's shape, in words.
-    rank: the weight's rank.
-    frames: which slices are frames; the rest of the weight is not.
-  """
-
-  module: str
-  param: str
-  family: str
-  shape: str
-  rank: int
-  frames: str
-
-
-LAYOUTS = (
-  Layout(
-    "query",
-    "kernel",
-    "Flax MultiHeadDotProductAttention, nnx MultiHeadAttention",
-    "(d_model, heads, head_dim)",
-    3,
-    "every head",
-  ),
-  Layout(
-    "key",
-    "kernel",
-    "Flax MultiHeadDotProductAttention, nnx MultiHeadAttention",
-    "(d_model, heads, head_dim)",
-    3,
-    "every head",
-  ),
-  Layout(
-    "q_einsum",
-    "w",
-    "Gemma (heads-first einsum weights)",
-    "(heads, d_model, head_dim)",
-    3,
-    "every head",
-  ),
-  Layout(
-    "kv_einsum",
-    "w",
-    "Gemma with grouped-query attention",
-    "(2, kv_heads, d_model, head_dim)",
-    4,
-    "the k slice [0]; v [1] is not",
-  ),
-  Layout(
-    "qkv_einsum",
-    "w",
-    "Gemma with as many kv heads as heads",
-    "(3, heads, d_model, head_dim)",
-    4,
-    "the q and k slices [0, 1]; v [2] is not",
-  ),
-  Layout(
-    "q_proj",
-    "kernel",
-    "Llama-style separate Dense projections",
-    "(d_model, heads * head_dim)",
-    2,
-    "every head (needs the head count)",
-  ),
-  Layout(
-    "k_proj",
-    "kernel",
-    "Llama-style separate Dense projections",
-    "(d_model, kv_heads * head_dim)",
-    2,
-    "every head (needs the head count)",
-  ),
-  Layout(
-    "c_attn",
-    "kernel",
-    "GPT-2-style fused Dense projection",
-    "(d_model, 3 * heads * head_dim)",
-    2,
-    "the q and k thirds (needs the head count); v is not",
-  ),
-)
-"""The query/key layouts recognized by name (``<module>/<param>`` ending a path)."""
-
-_LAYOUTS = {(l.module, l.param): l for l in LAYOUTS}
-_FUSED = {("kv_einsum", "w"), ("qkv_einsum", "w"), ("c_attn", "kernel")}
-
-
-def _layout_of(names: Sequence[str]):
-  return _LAYOUTS.get(tuple(names[-2:])) if len(names) >= 2 else None
 
 
 def qk_frames(
@@ -318,7 +116,7 @@ def qk_frames(
 
   def frames(path, leaf):
     names = path_names(path)
-    layout = _layout_of(names)
+    layout = layout_of(names)
     if layout is None:
       return FrameSpec()
     key = (layout.module, layout.param)
@@ -352,89 +150,8 @@ def _where(path: Any) -> str:
   return "/".join(path_names(path)) or "<root>"
 
 
-def qk_labels(
-  params: Any,
-  *,
-  modules: Optional[Sequence[str]] = None,
-  stiefel_label: str = STIEFEL_LABEL,
-  other_label: str = EUCLIDEAN_LABEL,
-) -> Any:
-  """Labels the query/key weights ``stiefel`` and every other leaf ``adamw``.
-
-  By default a leaf is a frame when its path ends in one of the layouts of
-  :data:`LAYOUTS`: ``query/kernel``, ``key/kernel`` (Flax attention),
-  ``q_einsum/w``, ``kv_einsum/w``, ``qkv_einsum/w`` (Gemma), ``q_proj/kernel``,
-  ``k_proj/kernel`` (Llama-style) or ``c_attn/kernel`` (GPT-2-style); fused weights
-  are labelled whole, and :func:`qk_frames` (the default ``frames`` of
-  :func:`stiefax.stiefel_adamw`) selects their query/key slices. With ``modules``
-  a leaf is a frame when its path ends in ``<module>/kernel`` for a name in
-  ``modules``. Names match whole path entries, so ``value/kernel``, ``key/bias`` and
-  ``my_query/kernel`` stay Euclidean. Works for linen variable dicts, nnx ``State``
-  of Variables (``init``) and of plain arrays (``update``). Pass it itself as
-  ``labels=`` to :func:`stiefax.stiefel_adamw` (it is the default there).
-
-  A tree in which nothing is selected but some parameters look like attention (see
-  :func:`attention_like`) raises a ValueError that lists them: a model is never
-  trained as plain AdamW by accident.
-
-  Example:
-    >>> import jax, jax.numpy as jnp, flax.linen as nn, stiefax
-    >>> attn = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8)
-    >>> params = attn.init(jax.random.key(0), jnp.ones((1, 3, 8)))
-    >>> labels = stiefax.flax.qk_labels(params)
-    >>> labels["params"]["query"]["kernel"], labels["params"]["value"]["kernel"]
-    ('stiefel', 'adamw')
-
-  Args:
-    params: a parameter tree.
-    modules: ``None`` (the known layouts), or module names whose ``kernel`` is a
-      frame.
-    stiefel_label: label for frames.
-    other_label: label for everything else.
-
-  Returns:
-    A tree of labels with the structure of ``params``.
-
-  Raises:
-    ValueError: if no leaf is selected and some look like attention.
-  """
-  if modules is not None:
-    modules = (modules,) if isinstance(modules, str) else tuple(modules)
-
-  def is_frame(names):
-    if len(names) < 2:
-      return False
-    if modules is None:
-      return _layout_of(names) is not None
-    return names[-1] == "kernel" and names[-2] in modules
-
-  def label(path, _):
-    return stiefel_label if is_frame(path_names(path)) else other_label
-
-  labels = jax.tree_util.tree_map_with_path(label, params)
-  if stiefel_label not in jax.tree.leaves(labels):
-    found = attention_like(params)
-    if found:
-      rule = (
-        "one of " + ", ".join(f"{l.module}/{l.param}" for l in LAYOUTS)
-        if modules is None
-        else f"<module>/kernel for a module in {modules}"
-      )
-      raise ValueError(
-        f"qk_labels(modules={modules}) selects no frame (no path ends in {rule}),"
-        " but " + _nothing_selected_message(found)
-      )
-  return labels
-
-
-def _labels_tree(params: Any, labels: Any) -> Any:
-  if labels is None:
-    labels = qk_labels
-  return labels(params) if callable(labels) else labels
-
-
 def _map_labelled(fn: Callable, params: Any, labels: Any, label: str, frames: Optional[FramesLike]):
-  tree = _labels_tree(params, labels)
+  tree = resolve_labels(params, labels)
   frames = qk_frames() if frames is None else frames
 
   def leaf(path, lab, w):
@@ -474,7 +191,7 @@ def orthonormal_init(frames: FrameSpec = FrameSpec()) -> Callable[..., jax.Array
 
   def init(key, shape, dtype=jnp.float32):
     frames.frame_shape(shape)  # validates the spec for this shape
-    split_shape = frames._split_shape(shape)
+    split_shape = frames.split_shape(shape)
     batch_shape, d, r = whole.frame_shape(split_shape)
     cd = jnp.promote_types(geometry.compute_dtype(dtype), jnp.float32)
     a = jax.random.normal(key, batch_shape + (d, r), cd)
@@ -509,8 +226,9 @@ def project_params(
 
   Args:
     params: a parameter tree.
-    labels: a label tree or a callable ``params -> labels`` (default
-      :func:`qk_labels`).
+    labels: a label tree, a callable ``params -> labels``, or ``None`` (default: the
+      query/key weights found by :func:`qk_labels`; a single array is one frame
+      parameter; see :func:`stiefax.labels.resolve_labels`).
     frames: how each labelled leaf is viewed as frames (default :func:`qk_frames`,
       which reads the layout from the name).
     label: the label that marks frames.
@@ -551,7 +269,9 @@ def orthogonality_penalty(
 
   Args:
     params: a parameter tree.
-    labels: a label tree or a callable (default :func:`qk_labels`).
+    labels: a label tree, a callable ``params -> labels``, or ``None`` (default: the
+      query/key weights found by :func:`qk_labels`; a single array is one frame
+      parameter; see :func:`stiefax.labels.resolve_labels`).
     frames: how each labelled leaf is viewed as frames (default :func:`qk_frames`,
       which reads the layout from the name).
     label: the label that marks frames.
@@ -563,7 +283,7 @@ def orthogonality_penalty(
   def penalty(spec, w):
     wf = spec.to_frames(w)
     gram = geometry.mT(wf) @ wf
-    return jnp.sum(jnp.square(gram - geometry._eye_like(gram)))
+    return jnp.sum(jnp.square(gram - geometry.eye_like(gram)))
 
   terms = jax.tree.leaves(_map_labelled(penalty, params, labels, label, frames))
   return sum(terms, jnp.zeros([], jnp.float32))

@@ -108,8 +108,14 @@ class FrameSpec:
     )
     return f"FrameSpec(row_axis={self.row_axis}, col_axes={self.col_axes}{extra})"
 
-  def _split_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
-    """The parameter's shape after ``split``."""
+  def split_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
+    """The parameter's shape after ``split`` (``shape`` itself without one).
+
+    Example:
+      >>> from stiefax import FrameSpec
+      >>> FrameSpec(split=(1, (4, -1))).split_shape((16, 32))
+      (16, 4, 8)
+    """
     shape = tuple(shape)
     if self.split is None:
       return shape
@@ -158,15 +164,21 @@ class FrameSpec:
 
   def _view_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
     """The shape of the selected part, after the split."""
-    split_shape = self._split_shape(shape)
+    split_shape = self.split_shape(shape)
     sel = self._selection(split_shape)
     if sel is None:
       return split_shape
     axis, indices, _ = sel
     return split_shape[:axis] + (len(indices),) + split_shape[axis + 1 :]
 
-  def _axes(self, ndim: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
-    """Normalized (row, cols, batch) axes for an array of rank ``ndim`` (after the split)."""
+  def axes(self, ndim: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """Normalized ``(row, cols, batch)`` axes for an array of rank ``ndim`` (after the split).
+
+    Example:
+      >>> from stiefax import FrameSpec
+      >>> FrameSpec().axes(3)
+      (0, (2,), (1,))
+    """
     named = (self.row_axis,) + self.col_axes
     for a in named:
       if not -ndim <= a < ndim:
@@ -206,7 +218,7 @@ class FrameSpec:
     """
     shape = tuple(shape)
     view = self._view_shape(shape)
-    row, cols, batch = self._axes(len(view))
+    row, cols, batch = self.axes(len(view))
     if self.select is not None and self.select[0] % len(view) not in batch:
       raise ValueError(
         f"{self} selects along axis {self.select[0]}, a row or column axis of its"
@@ -242,12 +254,19 @@ class FrameSpec:
     """
     if self.split is not None or self.select is not None:
       return False
-    row, cols, batch = self._axes(ndim)
+    row, cols, batch = self.axes(ndim)
     return batch + (row,) + cols == tuple(range(ndim))
 
-  def _view(self, x: jax.Array) -> jax.Array:
-    """The selected part of ``x`` in the split layout."""
-    split_shape = self._split_shape(x.shape)
+  def view(self, x: jax.Array) -> jax.Array:
+    """The selected part of ``x`` in the split layout (``x`` itself by default).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from stiefax import FrameSpec
+      >>> FrameSpec(row_axis=2, select=(0, (0, 1))).view(jnp.zeros((3, 2, 8, 4))).shape
+      (2, 2, 8, 4)
+    """
+    split_shape = self.split_shape(x.shape)
     if split_shape != tuple(x.shape):
       x = x.reshape(split_shape)
     sel = self._selection(split_shape)
@@ -269,8 +288,8 @@ class FrameSpec:
       The selected frames, ``(*batch_shape, d, r)``.
     """
     batch_shape, d, r = self.frame_shape(x.shape)
-    v = self._view(x)
-    row, cols, batch = self._axes(v.ndim)
+    v = self.view(x)
+    row, cols, batch = self.axes(v.ndim)
     perm = batch + (row,) + cols
     if perm != tuple(range(v.ndim)):
       v = jnp.transpose(v, perm)
@@ -300,9 +319,9 @@ class FrameSpec:
       An array of shape ``shape``.
     """
     shape = tuple(shape)
-    split_shape = self._split_shape(shape)
+    split_shape = self.split_shape(shape)
     view = self._view_shape(shape)
-    row, cols, batch = self._axes(len(view))
+    row, cols, batch = self.axes(len(view))
     perm = batch + (row,) + cols
     x = frames.reshape(tuple(view[a] for a in perm))
     if perm != tuple(range(len(view))):
@@ -327,7 +346,7 @@ class FrameSpec:
     Returns:
       The split array's entries outside the selection, in the split layout.
     """
-    split_shape = self._split_shape(x.shape)
+    split_shape = self.split_shape(x.shape)
     sel = self._selection(split_shape)
     if sel is None:
       raise ValueError(f"{self} selects no part of the parameter, so it has no rest.")

@@ -1,4 +1,4 @@
-"""Pure functions on batches of frames: projections, norms and polar factors.
+"""Pure functions on batches of frames: projections, transport, Adam and retraction steps.
 
 Every function takes arrays of shape ``(..., d, r)`` (a batch of ``d x r`` frames; see
 :class:`stiefax.FrameSpec` for how a parameter is viewed that way) and is batched over
@@ -8,78 +8,92 @@ Transformer Attention".
 
 Notation: ``W`` in ``St(d, r)`` (``W^T W = I_r``), ``G`` an ambient matrix (a gradient
 or an update), ``sym(A) = (A + A^T) / 2``.
+
+This module holds the math of one frame that the transforms, the fused optimizer and
+the diagnostics share: the tangent projections (one table, :data:`PROJECTIONS`), the
+transport of the first moment, the Adam coefficient, and the retraction of a step. The
+matrix functions (polar factors, inverse square roots, QR and Cayley retractions) are
+implemented in ``stiefax._matrix`` and re-exported here.
 """
 
 from __future__ import annotations
 
+from typing import Any
+from typing import Callable
+from typing import NamedTuple
+import warnings
+
 import jax
 import jax.numpy as jnp
 
+from stiefax._matrix import DECOMPOSITION_METHODS
+from stiefax._matrix import POLAR_METHODS
+from stiefax._matrix import cayley_retract
+from stiefax._matrix import compute_dtype
+from stiefax._matrix import eye_like
+from stiefax._matrix import frame_sq_norm
+from stiefax._matrix import inverse_sqrt
+from stiefax._matrix import mT
+from stiefax._matrix import newton_schulz_iterations
+from stiefax._matrix import polar
+from stiefax._matrix import polar_newton_schulz
+from stiefax._matrix import qr_retract
+from stiefax._matrix import sym
+
 __all__ = [
   "POLAR_METHODS",
+  "DECOMPOSITION_METHODS",
+  "PROJECTIONS",
+  "RETRACTIONS",
+  "Projection",
   "sym",
   "mT",
-  "stiefel_project",
-  "grassmann_project",
-  "canonical_gradient",
+  "eye_like",
+  "stiefel_tangent",
+  "grassmann_horizontal",
+  "canonical_tangent",
+  "projection",
+  "project_and_transport",
   "frame_sq_norm",
   "isometry_residual",
+  "safe_divide",
+  "adam_coefficient",
   "polar",
   "newton_schulz_iterations",
   "inverse_sqrt",
   "qr_retract",
   "cayley_retract",
+  "retraction_step",
   "compute_dtype",
 ]
 
-#: The polar methods accepted by :func:`polar` and :func:`stiefax.polar_retract`.
-POLAR_METHODS = ("auto", "newton_schulz", "eigh", "svd", "qdwh")
-
-#: Methods that call LAPACK-backed decompositions (see :func:`polar`).
-DECOMPOSITION_METHODS = ("eigh", "svd", "qdwh")
-
-
-def mT(x: jax.Array) -> jax.Array:
-  """Transpose of the last two axes: ``mT(X)[..., i, j] = X[..., j, i]``.
-
-  Example:
-    >>> import jax.numpy as jnp
-    >>> from stiefax import geometry
-    >>> geometry.mT(jnp.zeros((5, 4, 3))).shape
-    (5, 3, 4)
-
-  Args:
-    x: an array of rank >= 2 (a batch of matrices).
-
-  Returns:
-    ``x`` with its last two axes swapped.
-  """
-  return jnp.swapaxes(x, -1, -2)
+# The 0.1 names of the projections, which read like the transforms of the same name
+# (stiefax.stiefel_project is a transform, stiefax.geometry.stiefel_tangent a function).
+_DEPRECATED = {
+  "stiefel_project": "stiefel_tangent",
+  "grassmann_project": "grassmann_horizontal",
+  "canonical_gradient": "canonical_tangent",
+}
 
 
-def sym(a: jax.Array) -> jax.Array:
-  """Symmetric part ``sym(A) = (A + A^T) / 2`` of a batch of square matrices.
-
-  The normal space of ``St(d, r)`` at ``W`` is ``{W sym(A)}``; eq. (3) removes
-  ``W sym(W^T G)`` from ``G``.
-
-  Example:
-    >>> import jax.numpy as jnp
-    >>> from stiefax import geometry
-    >>> geometry.sym(jnp.array([[0.0, 2.0], [0.0, 1.0]]))
-    Array([[0., 1.],
-           [1., 1.]], dtype=float32)
-
-  Args:
-    a: square matrices ``(..., r, r)``.
-
-  Returns:
-    ``(a + a^T) / 2``, same shape.
-  """
-  return 0.5 * (a + mT(a))
+def __getattr__(name: str) -> Any:
+  if name in _DEPRECATED:
+    new = _DEPRECATED[name]
+    warnings.warn(
+      f"stiefax.geometry.{name} is deprecated; use stiefax.geometry.{new} (the transform"
+      f" stiefax.{name} is unchanged).",
+      DeprecationWarning,
+      stacklevel=2,
+    )
+    return globals()[new]
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def stiefel_project(w: jax.Array, g: jax.Array) -> jax.Array:
+#: Retractions by name (``retraction=`` of :func:`stiefax.retract` and the aliases).
+RETRACTIONS = ("polar", "qr", "cayley")
+
+
+def stiefel_tangent(w: jax.Array, g: jax.Array) -> jax.Array:
   """Tangent projection in the embedded (Euclidean) metric, paper eq. (3).
 
   ``Pi_W(G) = G - W sym(W^T G)``. It is the orthogonal projection of ``R^{d x r}``
@@ -92,10 +106,10 @@ def stiefel_project(w: jax.Array, g: jax.Array) -> jax.Array:
     >>> import jax, jax.numpy as jnp, stiefax
     >>> from stiefax import geometry
     >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 3))
-    >>> xi = geometry.stiefel_project(w, jax.random.normal(jax.random.key(1), (6, 3)))
+    >>> xi = geometry.stiefel_tangent(w, jax.random.normal(jax.random.key(1), (6, 3)))
     >>> bool(jnp.max(jnp.abs(w.T @ xi + xi.T @ w)) < 1e-6)        # tangent
     True
-    >>> bool(jnp.max(jnp.abs(geometry.stiefel_project(w, 0.1 * w))) < 1e-7)  # decay
+    >>> bool(jnp.max(jnp.abs(geometry.stiefel_tangent(w, 0.1 * w))) < 1e-7)  # decay
     True
 
   Args:
@@ -108,7 +122,7 @@ def stiefel_project(w: jax.Array, g: jax.Array) -> jax.Array:
   return g - w @ sym(mT(w) @ g)
 
 
-def grassmann_project(w: jax.Array, g: jax.Array) -> jax.Array:
+def grassmann_horizontal(w: jax.Array, g: jax.Array) -> jax.Array:
   """Horizontal projection ``Pi^h_W(G) = (I - W W^T) G`` (the PA16 / B2-SGD projector).
 
   It removes the per-frame gauge block ``W (W^T G)`` as well as the normal part, so
@@ -119,7 +133,7 @@ def grassmann_project(w: jax.Array, g: jax.Array) -> jax.Array:
     >>> from stiefax import geometry
     >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 3))
     >>> g = jax.random.normal(jax.random.key(1), (6, 3))
-    >>> h, xi = geometry.grassmann_project(w, g), geometry.stiefel_project(w, g)
+    >>> h, xi = geometry.grassmann_horizontal(w, g), geometry.stiefel_tangent(w, g)
     >>> bool(jnp.max(jnp.abs(w.T @ h)) < 1e-6)   # horizontal: W^T h = 0
     True
     >>> skew = xi - h                            # the per-frame block W skew(W^T G)
@@ -137,7 +151,7 @@ def grassmann_project(w: jax.Array, g: jax.Array) -> jax.Array:
   return g - w @ (mT(w) @ g)
 
 
-def canonical_gradient(w: jax.Array, g: jax.Array) -> jax.Array:
+def canonical_tangent(w: jax.Array, g: jax.Array) -> jax.Array:
   """Riemannian gradient in the canonical metric, paper eq. (4): ``G - W G^T W``.
 
   Args:
@@ -151,29 +165,11 @@ def canonical_gradient(w: jax.Array, g: jax.Array) -> jax.Array:
     >>> import jax, jax.numpy as jnp, stiefax
     >>> from stiefax import geometry
     >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 3))
-    >>> xi = geometry.canonical_gradient(w, jax.random.normal(jax.random.key(1), (6, 3)))
+    >>> xi = geometry.canonical_tangent(w, jax.random.normal(jax.random.key(1), (6, 3)))
     >>> bool(jnp.max(jnp.abs(w.T @ xi + xi.T @ w)) < 1e-6)
     True
   """
   return g - w @ (mT(g) @ w)
-
-
-def frame_sq_norm(x: jax.Array) -> jax.Array:
-  """Squared Frobenius norm of each frame: ``||X||_F^2 = sum_ij X_ij^2``.
-
-  Example:
-    >>> import jax.numpy as jnp
-    >>> from stiefax import geometry
-    >>> geometry.frame_sq_norm(jnp.ones((2, 4, 3)))
-    Array([12., 12.], dtype=float32)
-
-  Args:
-    x: frames ``(..., d, r)``.
-
-  Returns:
-    The squared norms, shape ``x.shape[:-2]``.
-  """
-  return jnp.sum(jnp.square(x), axis=(-2, -1))
 
 
 def isometry_residual(w: jax.Array) -> jax.Array:
@@ -192,405 +188,230 @@ def isometry_residual(w: jax.Array) -> jax.Array:
     The residuals, shape ``w.shape[:-2]``.
   """
   gram = mT(w) @ w
-  return jnp.max(jnp.abs(gram - _eye_like(gram)), axis=(-2, -1))
+  return jnp.max(jnp.abs(gram - eye_like(gram)), axis=(-2, -1))
 
 
-def compute_dtype(dtype) -> jnp.dtype:
-  """The dtype polar factors are computed in: float32 for 16-bit floats, else ``dtype``.
-
-  Example:
-    >>> import jax.numpy as jnp
-    >>> from stiefax import geometry
-    >>> geometry.compute_dtype(jnp.bfloat16), geometry.compute_dtype(jnp.float32)
-    (dtype('float32'), dtype('float32'))
-
-  Args:
-    dtype: the parameters' dtype.
-
-  Returns:
-    The ``numpy`` dtype, ``float32`` for ``float16`` / ``bfloat16`` and ``dtype``
-      otherwise.
-  """
-  dtype = jnp.dtype(dtype)
-  if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
-    return jnp.dtype(jnp.float32)
-  return dtype
+def _identity(a: jax.Array) -> jax.Array:
+  return a
 
 
-def _eye_like(a: jax.Array) -> jax.Array:
-  """Identity matrices broadcast to the batch shape of ``a`` (``(..., r, r)``)."""
-  return jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape[:-2] + (a.shape[-1],) * 2)
-
-
-def _polar_svd(a: jax.Array) -> jax.Array:
-  u, _, vt = jnp.linalg.svd(a, full_matrices=False)
-  return u @ vt
-
-
-def _polar_eigh(a: jax.Array) -> jax.Array:
-  lam, v = jnp.linalg.eigh(mT(a) @ a)
-  tiny = jnp.finfo(a.dtype).tiny
-  inv_sqrt = jax.lax.rsqrt(jnp.maximum(lam, tiny))
-  return a @ ((v * inv_sqrt[..., None, :]) @ mT(v))
-
-
-def _polar_qdwh(a: jax.Array) -> jax.Array:
-  batch = a.shape[:-2]
-  flat = a.reshape((-1,) + a.shape[-2:])
-  u = jax.vmap(lambda x: jax.scipy.linalg.polar(x, side="right", method="qdwh")[0])(flat)
-  return u.reshape(batch + a.shape[-2:])
-
-
-def newton_schulz_iterations(step_bound: float, r: int, dtype=jnp.float32) -> int:
-  """Cubic Newton-Schulz iterations that make :func:`polar` exact after a capped step.
-
-  After a tangent step ``eta`` from ``W`` in ``St(d, r)``, ``A = W + eta`` has
-  ``A^T A = I + eta^T eta`` (Proposition 6(i)), so every eigenvalue ``lambda`` lies in
-  ``[1, 1 + ||eta||_F^2]`` and the scale ``c = 1 + tr(A^T A) - r = 1 + ||eta||_F^2``
-  bounds ``lambda_max``. The normalized eigenvalues ``mu = lambda / c`` then lie in
-  ``[1 / (1 + tau^2 r), 1]`` when ``||eta||_F <= tau sqrt(r)`` (the step cap). The
-  cubic map ``mu -> mu (3 - mu)^2 / 4`` is increasing on ``(0, 1]``, so the smallest
-  ``mu`` is the slowest; this returns the number of iterations that take it to within
-  the dtype's epsilon of 1. For ``tau = 0.1``: 3 iterations at ``r = 16`` and 4 at
-  ``r = 32, 64`` in float32.
+class Projection(NamedTuple):
+  """A tangent projection of the form ``Pi_W(G) = G - W N(W^T G)``, with ``N`` linear.
 
   Example:
     >>> from stiefax import geometry
-    >>> geometry.newton_schulz_iterations(0.1, 16), geometry.newton_schulz_iterations(0.1, 64)
-    (3, 4)
+    >>> geometry.PROJECTIONS["canonical"].transport
+    'stiefel'
 
-  Args:
-    step_bound: ``tau`` such that every step satisfies ``||eta||_F <= tau sqrt(r)``.
-    r: the frames' column count.
-    dtype: the dtype the iteration runs in.
-
-  Returns:
-    The iteration count (at least 1).
+  Attributes:
+    project: ``(W, G) -> Pi_W(G)``.
+    normal: ``N``, a linear map of ``r x r`` matrices (``sym`` for eq. (3), the
+      identity for the horizontal projection, the transpose for eq. (4)).
+    transport: the name of the projection that re-projects first moments at the
+      current point (moment transport): the orthogonal projection onto the space the
+      projected gradients lie in (eq. (3) for the canonical gradient).
   """
-  eps = float(jnp.finfo(compute_dtype(dtype)).eps)
-  mu = 1.0 / (1.0 + float(step_bound) ** 2 * r)
-  k = 0
-  while 1.0 - mu > eps and k < 100:
-    mu = mu * (3.0 - mu) ** 2 / 4.0
-    k += 1
-  return max(k, 1)
+
+  project: Callable[[jax.Array, jax.Array], jax.Array]
+  normal: Callable[[jax.Array], jax.Array]
+  transport: str
 
 
-def _polar_newton_schulz(
-  a: jax.Array, iterations: int | None = None, *, prescaled: bool = False
-) -> jax.Array:
-  """Cubic Newton-Schulz for ``A (A^T A)^{-1/2}``, iterated in the ``r x r`` Gram space.
-
-  The cubic Newton-Schulz map on ``X = A Z / sqrt(c)`` is
-  ``X <- X T`` with ``T = (3 I - X^T X) / 2``. Every matrix it produces is a
-  polynomial in ``Y = A^T A / c``, so all of them commute and the map can be carried out
-  on ``r x r`` matrices: with ``Q = X^T X`` (``Q = Y`` and ``Z = I`` at the start),
-
-      T = (3 I - Q) / 2,    Z <- Z T,    Q <- Q T^2   (or Q <- Z (Y Z)).
-
-  The coupled update ``Q T^2`` is stable for any conditioning and runs under the
-  stopping rule. With a fixed count (well-conditioned input, ``mu >= 1 / (1 + tau^2
-  r)``) ``Q`` is formed afresh as ``Z Y Z``: the same two products, and about 30% less
-  rounding in the result because errors of ``Q`` do not accumulate (this uncoupled
-  form is unstable when ``Y`` is ill-conditioned, hence only there).
-
-  Each eigenvalue ``mu`` of ``Q`` moves to ``mu (3 - mu)^2 / 4``: monotone on
-  ``(0, 1]``, convergent on ``(0, 3)`` and quadratic near 1
-  (``1 - mu' ~ 3/4 (1 - mu)^2``). The first iteration needs no product (``Z = T``) and
-  the last no update of ``Q``, so ``k`` iterations cost ``3k - 3`` products of
-  ``r x r`` matrices, then one ``d x r`` by ``r x r`` product forms ``A Z / sqrt(c)``.
-
-  The scale is ``c = max(1 + tr(A^T A) - r, ||A^T A||_inf / 2.5)``: the first term
-  bounds ``lambda_max`` after a tangent step (see :func:`newton_schulz_iterations`),
-  the second keeps every ``mu < 3`` for any input. ``prescaled=True`` says that the
-  caller has already divided ``A`` by ``sqrt(c)`` (the retraction after a capped step
-  knows ``c = 1 + ||eta||_F^2`` without reading the Gram matrix), so ``c = 1``. With
-  ``iterations`` given the loop
-  has that fixed length (no data-dependent control flow and no reduction across
-  frames, so sharded frames need no communication); otherwise it runs until
-  ``max |Q - I|`` reaches the dtype's rounding level or stops improving.
-  """
-  dtype = a.dtype
-  r = a.shape[-1]
-  gram = mT(a) @ a
-  if prescaled:
-    y = gram
-  else:
-    trace = jnp.trace(gram, axis1=-2, axis2=-1)
-    inf_norm = jnp.max(jnp.sum(jnp.abs(gram), axis=-1), axis=-1)
-    c = jnp.maximum(jnp.maximum(1 + trace - r, inf_norm / 2.5), jnp.finfo(dtype).tiny)
-    c = c[..., None, None]
-    y = gram / c
-  eye = _eye_like(y)
-
-  if iterations is not None:
-    z, q = None, y
-    for i in range(iterations):
-      t = 1.5 * eye - 0.5 * q
-      z = t if z is None else z @ t
-      if i < iterations - 1:
-        q = z @ (y @ z)
-  else:
-    tol = 8 * jnp.finfo(dtype).eps
-    max_iters = 60 if dtype == jnp.float64 else 40
-
-    def residual(q):
-      return jnp.max(jnp.abs(q - eye))
-
-    def cond(state):
-      _, _, k, res, prev = state
-      return (k < max_iters) & (res > tol) & (res < prev)
-
-    def body(state):
-      z, q, k, res, _ = state
-      t = 1.5 * eye - 0.5 * q
-      z, q = z @ t, (q @ t) @ t
-      return z, q, k + 1, residual(q), res
-
-    init = (eye, y, jnp.asarray(0), residual(y), jnp.asarray(jnp.inf, dtype))
-    z, _, _, _, _ = jax.lax.while_loop(cond, body, init)
-  return a @ z if prescaled else a @ (z * jax.lax.rsqrt(c))
+#: The tangent projections by name (``projector=`` of the transforms and optimizers).
+PROJECTIONS = {
+  "stiefel": Projection(stiefel_tangent, sym, "stiefel"),
+  "grassmann": Projection(grassmann_horizontal, _identity, "grassmann"),
+  "canonical": Projection(canonical_tangent, mT, "stiefel"),
+}
 
 
-def polar(a: jax.Array, method: str = "auto", *, step_bound: float | None = None) -> jax.Array:
-  """Polar factor ``polar(A) = U V^T = A (A^T A)^{-1/2}`` of each full-rank frame.
-
-  ``polar(A)`` is the nearest point of ``St(d, r)`` to ``A`` in the Frobenius norm;
-  ``polar(W + eta)`` is the retraction of the paper's update (section 3.2).
-  16-bit inputs are computed in float32 and cast back.
-
-  Methods (all agree to the dtype's rounding on well-conditioned input, such as
-  ``W + eta`` after a tangent step; the Gram-space methods ``newton_schulz`` and
-  ``eigh`` lose accuracy like ``eps * cond(A)^2`` on ill-conditioned input, for which
-  ``svd`` is the right choice):
-
-  * ``"newton_schulz"``: cubic Newton-Schulz in the ``r x r`` Gram space (matrix
-    products only): a fixed count from :func:`newton_schulz_iterations` when
-    ``step_bound`` is given, else a stopping rule.
-  * ``"eigh"``: ``A V diag(lambda)^{-1/2} V^T`` from the eigendecomposition of
-    ``A^T A``.
-  * ``"svd"``: ``U V^T`` from the thin SVD: the reference.
-  * ``"qdwh"``: :func:`jax.scipy.linalg.polar` (QR-based dynamically weighted Halley).
-  * ``"auto"``: ``"newton_schulz"``. On the CPU backend of jaxlib 0.10 the
-    LAPACK-backed methods (``svd``, ``eigh``, ``qdwh``) have been seen to deadlock
-    inside fused or scanned training steps; matrix products never have.
+def projection(name: str) -> Projection:
+  """The :class:`Projection` called ``name``; a ValueError names the valid ones.
 
   Example:
-    >>> import jax.numpy as jnp
     >>> from stiefax import geometry
-    >>> a = jnp.array([[2.0, 0.0], [0.0, 0.5], [0.0, 0.0]])
-    >>> geometry.polar(a).round(4)
-    Array([[1., 0.],
-           [0., 1.],
-           [0., 0.]], dtype=float32)
+    >>> geometry.projection("grassmann").transport
+    'grassmann'
 
   Args:
-    a: matrices ``(..., d, r)`` with ``r <= d`` and full column rank.
-    method: one of :data:`POLAR_METHODS`.
-    step_bound: optional ``tau`` with ``a = W + eta``, ``W`` on the manifold, ``eta``
-      tangent and ``||eta||_F <= tau sqrt(r)`` (Proposition 6). It fixes the
-      Newton-Schulz iteration count; other methods ignore it.
+    name: a key of :data:`PROJECTIONS`.
 
   Returns:
-    The polar factors, same shape and dtype as ``a``.
+    The projection.
   """
-  if method not in POLAR_METHODS:
-    raise ValueError(f"Unknown polar method {method!r}; valid methods are {POLAR_METHODS}.")
-  dtype = a.dtype
-  a = a.astype(compute_dtype(dtype))
-  if method in ("auto", "newton_schulz"):
-    iterations = None
-    if step_bound is not None:
-      iterations = newton_schulz_iterations(step_bound, a.shape[-1], a.dtype)
-    u = _polar_newton_schulz(a, iterations)
-  elif method == "eigh":
-    u = _polar_eigh(a)
-  elif method == "svd":
-    u = _polar_svd(a)
-  else:
-    u = _polar_qdwh(a)
-  return u.astype(dtype)
+  if name not in PROJECTIONS:
+    raise ValueError(f"Unknown projector {name!r}; valid projectors are {tuple(PROJECTIONS)}.")
+  return PROJECTIONS[name]
 
 
-def inverse_sqrt(p: jax.Array, iterations: int) -> tuple[jax.Array, jax.Array]:
-  """``(P^{-1/2}, P^{1/2})`` of symmetric positive semi-definite ``r x r`` matrices.
+def project_and_transport(
+  w: jax.Array,
+  g: jax.Array,
+  m_prev: jax.Array,
+  b1: Any,
+  projector: str = "stiefel",
+  *,
+  concat: bool = True,
+) -> tuple[jax.Array, jax.Array]:
+  """``xi = Pi_W(g)`` and ``m = T_W(b1 m_prev + (1 - b1) xi)`` from shared products.
 
-  Coupled cubic Newton-Schulz on ``Y = P / c`` with ``c = ||P||_F >= lambda_max``
-  (matrix products only): ``T = (3 I - Q) / 2``, ``Z <- Z T``, ``Q <- Q T^2`` from
-  ``Z = I``, ``Q = Y``. Every eigenvalue ``mu`` of ``Y`` in ``(0, 1]`` moves to
-  ``mu (3 - mu)^2 / 4`` (monotone, at most 1, quadratic near 1; a small ``mu`` grows by
-  ``9/4`` per iteration), so after ``k`` iterations ``Z -> Y^{-1/2}`` on the
-  eigenvalues that have converged and ``Z Y Z <= I`` on every eigenvalue: an
-  unconverged or zero eigenvalue is damped, never overshot. This is what makes
-  ``Y Z`` a matrix of spectral norm at most 1 even for a rank-deficient ``P``.
-  Returns ``Z / sqrt(c)`` and ``P Z / sqrt(c)``.
-
-  Example:
-    >>> import jax.numpy as jnp
-    >>> from stiefax import geometry
-    >>> p = jnp.diag(jnp.array([4.0, 1.0]))
-    >>> z, root = geometry.inverse_sqrt(p, 12)
-    >>> jnp.round(jnp.diag(z), 4), jnp.round(jnp.diag(root), 4)
-    (Array([0.5, 1. ], dtype=float32), Array([2., 1.], dtype=float32))
-
-  Args:
-    p: symmetric positive semi-definite matrices ``(..., r, r)``.
-    iterations: the fixed Newton-Schulz count.
-
-  Returns:
-    ``(inverse square root, square root)``, each ``(..., r, r)``.
-  """
-  c = jnp.sqrt(jnp.sum(jnp.square(p), axis=(-2, -1), keepdims=True))
-  c = jnp.maximum(c, jnp.finfo(p.dtype).tiny)
-  y = p / c
-  eye = _eye_like(y)
-  z, q = eye, y
-  for i in range(iterations):
-    t = 1.5 * eye - 0.5 * q
-    z = t if i == 0 else z @ t
-    if i < iterations - 1:
-      q = (q @ t) @ t
-  scale = jax.lax.rsqrt(c)
-  return z * scale, (p @ z) * scale
-
-
-def _cholesky_upper(p: jax.Array) -> jax.Array:
-  """Upper-triangular ``R`` with ``R^T R = P`` and ``diag(R) > 0`` (products only).
-
-  Column-oriented Cholesky as a ``fori_loop`` over the ``r`` columns, each a masked
-  vector update: no LAPACK call, so it is safe inside fused CPU programs.
-  """
-  r = p.shape[-1]
-  idx = jnp.arange(r)
-
-  def body(j, low):
-    row_j = jnp.take(low, j, axis=-2)  # (..., r): L[j, :], zero at columns >= j
-    col = jnp.take(p, j, axis=-1) - jnp.einsum("...ik,...k->...i", low, row_j)
-    pivot = jnp.sqrt(jnp.maximum(jnp.take(col, j, axis=-1), jnp.finfo(p.dtype).tiny))
-    new = jnp.where(idx >= j, col / pivot[..., None], 0)
-    return jnp.where((idx == j)[None, :], new[..., :, None], low)
-
-  low = jax.lax.fori_loop(0, r, body, jnp.zeros_like(p))
-  return mT(low)
-
-
-def _triangular_inverse_upper(u: jax.Array) -> jax.Array:
-  """``U^{-1}`` of upper-triangular ``U`` with a positive diagonal (back substitution)."""
-  r = u.shape[-1]
-  idx = jnp.arange(r)
-  eye = _eye_like(u)
-
-  def body(k, inv):
-    i = r - 1 - k  # rows from the bottom: X[i] = (e_i - U[i, i+1:] X[i+1:]) / U[i, i]
-    u_row = jnp.where(idx > i, jnp.take(u, i, axis=-2), 0)
-    row = jnp.take(eye, i, axis=-2) - jnp.einsum("...k,...kj->...j", u_row, inv)
-    row = row / jnp.take(jnp.take(u, i, axis=-2), i, axis=-1)[..., None]
-    return jnp.where((idx == i)[:, None], row[..., None, :], inv)
-
-  return jax.lax.fori_loop(0, r, body, jnp.zeros_like(u))
-
-
-def qr_retract(w: jax.Array, xi: jax.Array) -> jax.Array:
-  """QR retraction ``qf(W + xi)`` with ``diag(R) > 0`` (the sign-fixed, continuous one).
-
-  ``A = W + xi = Q R`` with ``R`` upper triangular and positive on its diagonal is
-  unique for a full-rank ``A`` and smooth in ``A``, so ``xi -> qf(W + xi)`` is a
-  retraction (Absil et al. 2008, eq. 4.8; geoopt's default for the Stiefel manifold).
-  Computed as Cholesky-QR: ``R^T R = A^T A`` and ``Q = A R^{-1}``. For a tangent
-  ``xi``, ``A^T A = I + xi^T xi`` has eigenvalues in ``[1, 1 + ||xi||_F^2]``
-  (Proposition 6(i)), so the Cholesky factor is well conditioned and Cholesky-QR is
-  accurate. The factorization and the triangular inverse are loops of matrix-vector
-  products over the ``r`` columns (no LAPACK call; safe inside jitted CPU loops).
+  ``Pi`` is the projection ``projector`` and ``T`` its transport (see
+  :class:`Projection`). Both have the form ``x - W N(W^T x)`` with ``N`` linear, so
+  the products ``W^T [g | m_prev]`` give both ``N`` arguments and
+  ``W [N_g | b1 N_m + (1 - b1) N_g]`` gives ``xi`` and ``m``:
+  ``xi = g - W N_g``, ``m = b1 m_prev + (1 - b1) g - W N_mix`` (the first moment of
+  the paper's section 3.2, re-projected at ``W``). With ``concat`` each pair is one
+  matrix product; without, two (for frames viewed through a transpose, where XLA folds
+  the transpose into separate products but must copy it into a concatenation).
 
   Example:
     >>> import jax, jax.numpy as jnp, stiefax
     >>> from stiefax import geometry
     >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 3))
-    >>> xi = geometry.stiefel_project(w, 0.3 * jax.random.normal(jax.random.key(1), (6, 3)))
-    >>> bool(geometry.isometry_residual(geometry.qr_retract(w, xi)) < 1e-5)
+    >>> g, m0 = jax.random.normal(jax.random.key(1), (2, 6, 3))
+    >>> xi, m = geometry.project_and_transport(w, g, m0, 0.9)
+    >>> want = geometry.stiefel_tangent(w, 0.9 * m0 + 0.1 * xi)
+    >>> bool(jnp.allclose(m, want, atol=1e-6))
     True
 
   Args:
     w: frames ``(..., d, r)`` on the manifold.
-    xi: steps of the same shape (tangent for the error bound above).
+    g: incoming updates of the same shape.
+    m_prev: the previous first moments, same shape.
+    b1: the first-moment decay.
+    projector: a key of :data:`PROJECTIONS`.
+    concat: compute each pair of products as one product.
 
   Returns:
-    ``qf(w + xi)``, same shape.
+    ``(xi, m)``.
   """
-  a = w + xi
-  r_upper = _cholesky_upper(mT(a) @ a)
-  return a @ _triangular_inverse_upper(r_upper)
+  proj = projection(projector)
+  r = w.shape[-1]
+  if concat:
+    p = mT(w) @ jnp.concatenate([g, m_prev], axis=-1)
+    a, b = p[..., :r], p[..., r:]
+  else:
+    a, b = mT(w) @ g, mT(w) @ m_prev
+  n_g = proj.normal(a)
+  n_m = PROJECTIONS[proj.transport].normal(b)
+  n_mix = b1 * n_m + (1 - b1) * n_g
+  if concat:
+    q = w @ jnp.concatenate([n_g, n_mix], axis=-1)
+    wn_g, wn_mix = q[..., :r], q[..., r:]
+  else:
+    wn_g, wn_mix = w @ n_g, w @ n_mix
+  return g - wn_g, b1 * m_prev + (1 - b1) * g - wn_mix
 
 
-def _schulz_inverse(m: jax.Array, max_iterations: int) -> jax.Array:
-  """``M^{-1}`` by the Newton-Schulz (Schulz) iteration ``X <- X (2 I - M X)``.
+def safe_divide(num: Any, den: jax.Array) -> jax.Array:
+  """``num / den`` where ``den > 0``, else 0 (no ``0 / 0``, and no NaN in gradients).
 
-  Started at ``X_0 = M^T / (||M||_1 ||M||_inf)``, for which ``||I - M X_0||_2 < 1`` for
-  any nonsingular ``M`` (Pan and Schreiber 1991); the error ``I - M X`` squares every
-  iteration. The loop stops when ``max |I - M X|`` reaches the dtype's rounding level
-  or stops decreasing, or after ``max_iterations``.
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from stiefax import geometry
+    >>> geometry.safe_divide(jnp.array([1.0, 1.0]), jnp.array([2.0, 0.0]))
+    Array([0.5, 0. ], dtype=float32)
+
+  Args:
+    num: the numerator (broadcasts against ``den``).
+    den: the denominator.
+
+  Returns:
+    The quotient, 0 where ``den <= 0`` (or NaN).
   """
-  norm1 = jnp.max(jnp.sum(jnp.abs(m), axis=-2), axis=-1)
-  norm_inf = jnp.max(jnp.sum(jnp.abs(m), axis=-1), axis=-1)
-  x = mT(m) / (norm1 * norm_inf)[..., None, None]
-  eye = _eye_like(m)
-  tol = 8 * jnp.finfo(m.dtype).eps
-
-  def residual(x):
-    return jnp.max(jnp.abs(eye - m @ x))
-
-  def cond(state):
-    _, k, res, prev = state
-    return (k < max_iterations) & (res > tol) & (res < prev)
-
-  def body(state):
-    x, k, res, _ = state
-    x = x @ (2 * eye - m @ x)
-    return x, k + 1, residual(x), res
-
-  init = (x, jnp.asarray(0), residual(x), jnp.asarray(jnp.inf, m.dtype))
-  return jax.lax.while_loop(cond, body, init)[0]
+  pos = den > 0
+  return jnp.where(pos, num / jnp.where(pos, den, 1), 0)
 
 
-def cayley_retract(w: jax.Array, xi: jax.Array, iterations: int = 30) -> jax.Array:
-  """Cayley retraction ``(I - Omega / 2)^{-1} (I + Omega / 2) W`` with ``Omega W = xi``.
+def adam_coefficient(v: jax.Array, count: jax.Array, b1: Any, b2: Any, eps: Any) -> jax.Array:
+  """Adam's bias-corrected step per unit of first moment: ``step = coef * m``.
 
-  ``Omega = P xi W^T - W xi^T P`` with ``P = I - W W^T / 2`` is skew and satisfies
-  ``Omega W = xi`` for every tangent ``xi`` (Wen and Yin 2013, sec. 3; Li et al. 2020,
-  eq. 6), so the Cayley transform of ``Omega`` (an orthogonal matrix) maps ``W`` to a
-  point of ``St(d, r)`` exactly, with derivative ``xi`` at ``xi = 0``. With
-  ``Omega = U V^T``, ``U = [P xi, W]``, ``V = [W, -P xi]`` (``d x 2r``), the
-  Sherman-Morrison-Woodbury identity gives (Wen and Yin, Lemma 4.1)
+  ``coef = 1 / ((1 - b1^t) (sqrt(v / (1 - b2^t)) + eps))``, i.e. the step
+  ``m_hat / (sqrt(v_hat) + eps)`` of the paper's section 3.2 with
+  ``m_hat = m / (1 - b1^t)`` and ``v_hat = v / (1 - b2^t)``. Where the denominator
+  ``sqrt(v_hat) + eps`` is zero (``v_hat = 0`` and ``eps = 0``) the step is defined as
+  zero, not ``0 / 0``. ``v`` is one scalar per frame (the scalar moment) or one per
+  entry (the elementwise moment); the coefficient has its shape and dtype.
 
-      W_new = W + U (I_2r - V^T U / 2)^{-1} V^T W,
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from stiefax import geometry
+    >>> v = jnp.array([4.0, 0.0])        # after one step: v_hat = v / (1 - b2) = (16, 0)
+    >>> geometry.adam_coefficient(v, jnp.array(1), 0.5, 0.75, 0.0)  # 1 / (0.5 * 4)
+    Array([0.5, 0. ], dtype=float32)
 
-  a ``2r x 2r`` linear system. It is solved with the Schulz iteration (matrix products
-  only, no LAPACK call, so safe in jitted CPU loops): ``I - V^T U / 2`` has the
-  eigenvalues ``1 - i theta / 2`` of ``I - Omega / 2`` on its range (modulus >= 1)
-  and is well conditioned for the capped steps of the optimizers. The iteration stops
-  at the dtype's rounding (6-7 iterations for steps of norm <= 1; at most
-  ``iterations``, which covers condition numbers up to about ``2^(iterations / 2)``).
+  Args:
+    v: the second moment (before bias correction).
+    count: the step number ``t >= 1`` (an int scalar).
+    b1: the first-moment decay.
+    b2: the second-moment decay.
+    eps: added to ``sqrt(v_hat)``.
+
+  Returns:
+    The coefficient, shape and dtype of ``v``.
+  """
+  dtype = v.dtype
+  t = count.astype(dtype)
+  den = jnp.sqrt(v / (1 - jnp.asarray(b2, dtype) ** t)) + eps
+  return safe_divide(1, (1 - jnp.asarray(b1, dtype) ** t) * den)
+
+
+def retraction_step(
+  w: jax.Array,
+  eta: jax.Array,
+  *,
+  retraction: str = "polar",
+  method: str = "auto",
+  step_bound: Any = None,
+  sq_norm: Any = None,
+) -> tuple[jax.Array, jax.Array]:
+  """``(R_W(eta) - W, finite)`` per frame; a zero or non-finite step keeps ``W``.
+
+  ``R`` is ``polar(W + eta)`` (``method`` picks the algorithm; section 3.2), or with
+  ``retraction="qr"`` / ``"cayley"`` :func:`qr_retract` / :func:`cayley_retract`.
+  ``finite`` says, per frame, whether the step was finite (a non-finite one is
+  replaced by zero).
+
+  ``sq_norm`` is ``||eta||_F^2`` per frame when the caller knows it. With a step bound
+  the polar factor is the prescaled Newton-Schulz iteration: ``A^T A = I + eta^T eta``
+  for a tangent ``eta`` (Proposition 6(i)), so ``c = 1 + ||eta||_F^2`` bounds
+  ``lambda_max(A^T A)`` and ``A / sqrt(c)`` enters the iteration directly (no reduction
+  of the Gram matrix), for the fixed count of :func:`newton_schulz_iterations`.
 
   Example:
     >>> import jax, jax.numpy as jnp, stiefax
     >>> from stiefax import geometry
     >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 3))
-    >>> xi = geometry.stiefel_project(w, 0.3 * jax.random.normal(jax.random.key(1), (6, 3)))
-    >>> bool(geometry.isometry_residual(geometry.cayley_retract(w, xi)) < 1e-5)
-    True
+    >>> eta = geometry.stiefel_tangent(w, 0.1 * jax.random.normal(jax.random.key(1), (6, 3)))
+    >>> delta, finite = geometry.retraction_step(w, eta, step_bound=0.1)
+    >>> bool(geometry.isometry_residual(w + delta) < 1e-5), bool(finite)
+    (True, True)
 
   Args:
     w: frames ``(..., d, r)`` on the manifold.
-    xi: tangent steps of the same shape.
-    iterations: the most Schulz iterations of the ``2r x 2r`` inverse.
+    eta: steps of the same shape (tangent for the bounds above).
+    retraction: one of :data:`RETRACTIONS`.
+    method: the polar method (``retraction="polar"``), one of :data:`POLAR_METHODS`.
+    step_bound: ``tau`` with ``||eta||_F <= tau sqrt(r)`` for every frame, or ``None``.
+    sq_norm: ``||eta||_F^2`` per frame, or ``None`` to compute it.
 
   Returns:
-    The retracted frames, same shape.
+    ``(delta, finite)``: ``delta`` of ``w``'s shape, ``finite`` of its batch shape.
   """
-  p_xi = xi - 0.5 * (w @ (mT(w) @ xi))
-  u = jnp.concatenate([p_xi, w], axis=-1)
-  v = jnp.concatenate([w, -p_xi], axis=-1)
-  vtu = mT(v) @ u
-  m = _eye_like(vtu) - 0.5 * vtu
-  vtw = mT(v) @ w
-  return w + u @ (_schulz_inverse(m, iterations) @ vtw)
+  if sq_norm is None:
+    sq_norm = frame_sq_norm(eta)
+  finite = jnp.isfinite(sq_norm)
+  moved = finite & (sq_norm > 0)
+  eta = jnp.where(finite[..., None, None], eta, 0)
+  if retraction == "qr":
+    target = qr_retract(w, eta)
+  elif retraction == "cayley":
+    target = cayley_retract(w, eta)
+  elif method in ("auto", "newton_schulz") and step_bound is not None:
+    c = 1 + jnp.where(finite, sq_norm, 0)
+    a = (w + eta) * jax.lax.rsqrt(c)[..., None, None]
+    iterations = newton_schulz_iterations(step_bound, w.shape[-1], w.dtype)
+    target = polar_newton_schulz(a, iterations, prescaled=True)
+  else:
+    target = polar(w + eta, method, step_bound=step_bound)
+  return jnp.where(moved[..., None, None], target - w, 0), finite

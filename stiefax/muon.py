@@ -33,11 +33,9 @@ preconditioned by its inverse's one-sided approximation ``Z^{-1} = (Y^T Y)^{1/2}
     B <- B - (1/2) sym((Y^T Y)^{1/2} H),
 
 which is scale-free (no step size to tune) and converges linearly at a rate
-independent of the scale of ``G``: on Gaussian test problems the tangency residual
-falls below ``1e-7`` within 10 iterations from Bernstein's start ``Lambda =
--sym(M) / 2`` and below ``1e-11`` within 20, where plain dual ascent at the best fixed
-step of a grid is 100 to 1000 times further from the optimum at the same count
-(``benchmarks/mmuon_solver.py``, ``docs/optimizers.md``). The step is not monotone in
+independent of the scale of ``G``, from Bernstein's start ``Lambda = -sym(M) / 2``
+(``benchmarks/mmuon_solver.py`` measures it against plain dual ascent;
+``docs/optimizers.md`` reports the numbers). The step is not monotone in
 the gap on every problem, so each frame keeps its best iterate, and a step that raised
 the gap is retried from it at half the size (doubling back up to 1/2 after a success).
 When ``Y`` is rank-deficient at the optimum (a gradient of low rank, or ``d <= 2r``),
@@ -58,12 +56,12 @@ from __future__ import annotations
 from typing import Any
 from typing import NamedTuple
 from typing import Optional
-from typing import Union
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from stiefax import _routing
 from stiefax import geometry
 from stiefax import transforms
 from stiefax.frames import FramesLike
@@ -84,8 +82,6 @@ DUAL_ITERATIONS = 10
 
 #: Default Newton-Schulz iterations of each ``(Y^T Y)^{-1/2}``.
 NS_ITERATIONS = 12
-
-ScalarOrSchedule = Union[float, jax.Array, optax.Schedule]
 
 
 class SpectralStep(NamedTuple):
@@ -199,7 +195,8 @@ class ManifoldMuonState(NamedTuple):
     skipped: int32 per frame, steps skipped because the gradient was not finite.
   """
 
-  count: jax.Array
+  # The field shadows tuple.count (a method), as in optax's states.
+  count: jax.Array  # type: ignore[assignment]
   mu: Any
   multiplier: Any
   residual: Any
@@ -208,7 +205,7 @@ class ManifoldMuonState(NamedTuple):
 
 
 def manifold_muon(
-  learning_rate: ScalarOrSchedule = 0.05,
+  learning_rate: optax.ScalarOrSchedule = 0.05,
   beta: float = 0.95,
   *,
   nesterov: bool = True,
@@ -264,7 +261,7 @@ def manifold_muon(
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
-  transforms._check_retraction(retraction)
+  _routing.check_name("retraction", retraction, geometry.RETRACTIONS)
   for name, value in (("iterations", iterations), ("ns_iterations", ns_iterations)):
     if not isinstance(value, int) or value < 1:
       raise ValueError(f"stiefax.manifold_muon: {name} must be a positive int, got {value!r}.")
@@ -273,7 +270,7 @@ def manifold_muon(
   def init_fn(params):
     def leaf(path, w):
       spec = resolve_frames(frames, path, w)
-      skipped = transforms._zeros_per_frame(spec, w, jnp.int32)
+      skipped = _routing.zeros_per_frame(spec, w, jnp.int32)
       cd = jnp.promote_types(geometry.compute_dtype(w.dtype), jnp.float32)
       r = spec.frame_shape(w.shape)[2]
       multiplier = jnp.zeros(skipped.shape + (r, r), cd)
@@ -282,13 +279,13 @@ def manifold_muon(
       return jnp.zeros_like(w), multiplier, residual, gap, skipped
 
     # The retraction's init validates that the frames are on the manifold.
-    retract_state = transforms.retract(frames, retraction, name="manifold_muon").init(params)
+    retract_state = transforms.retract(retraction, frames=frames, name="manifold_muon").init(params)
     del retract_state
-    mu, multiplier, residual, gap, skipped = transforms._per_leaf(leaf, 5, params)
+    mu, multiplier, residual, gap, skipped = _routing.per_leaf(leaf, 5, params)
     return ManifoldMuonState(jnp.zeros([], jnp.int32), mu, multiplier, residual, gap, skipped)
 
   def update_fn(updates, state, params=None):
-    transforms._require_params("manifold_muon", params)
+    _routing.require_params("manifold_muon", params)
     mstate = state
     count = optax.safe_increment(mstate.count)
     # As optax.scale_by_learning_rate: a schedule is read at the count before the step.
@@ -302,18 +299,18 @@ def manifold_muon(
       gf = spec.to_frames(g).astype(cd)
       m_prev = spec.to_frames(mu).astype(cd)
       finite = jnp.isfinite(geometry.frame_sq_norm(gf))
-      gf = jnp.where(transforms._expand(finite), gf, 0)
-      m = geometry.stiefel_project(wf, beta * m_prev + gf)
-      direction = geometry.stiefel_project(wf, beta * m + gf) if nesterov else m
+      gf = jnp.where(_routing.expand(finite), gf, 0)
+      m = geometry.stiefel_tangent(wf, beta * m_prev + gf)
+      direction = geometry.stiefel_tangent(wf, beta * m + gf) if nesterov else m
       sol = spectral_tangent_direction(
         wf, direction, lam.astype(cd), iterations=iterations, ns_iterations=ns_iterations
       )
       moved = finite & (geometry.frame_sq_norm(direction) > 0)
       eta = neg_lr.astype(cd) * sol.direction
-      delta, _ = transforms._retract_frames(
-        wf, jnp.where(transforms._expand(moved), eta, 0), "auto", bound, retraction=retraction
+      delta, _ = geometry.retraction_step(
+        wf, jnp.where(_routing.expand(moved), eta, 0), retraction=retraction, step_bound=bound
       )
-      keep = transforms._expand(finite)
+      keep = _routing.expand(finite)
       keep2 = finite[..., None, None]
       return (
         spec.from_frames(delta, g.shape).astype(g.dtype),
@@ -324,7 +321,7 @@ def manifold_muon(
         skipped + (~finite).astype(jnp.int32),
       )
 
-    out, mu, lam, res, gap, skipped = transforms._per_leaf(
+    out, mu, lam, res, gap, skipped = _routing.per_leaf(
       leaf,
       6,
       updates,

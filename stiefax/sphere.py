@@ -26,22 +26,21 @@ import math
 from typing import Any
 from typing import Optional
 from typing import Sequence
-from typing import Union
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from stiefax import geometry
+from stiefax._routing import cap_factor
+from stiefax._routing import keyword_frames
 from stiefax.frames import FramesLike
 from stiefax.frames import FrameSpec
 from stiefax.frames import resolve_frames
 from stiefax.transforms import ScalarMomentState
-from stiefax.transforms import _cap_factor
 
 __all__ = ["sphere_project", "sphere_retract", "sphere_moment", "hyperball_adam"]
 
-ScalarOrSchedule = Union[float, jax.Array, optax.Schedule]
 
 _PARAMS_REQUIRED = (
   "stiefax.{name} needs the current point W: call"
@@ -87,7 +86,7 @@ def frame_axes(spec: FrameSpec, shape: Sequence[int]) -> tuple[int, ...]:
   ndim = len(shape)
   if ndim <= 1:
     return tuple(range(ndim))
-  row, cols, _ = spec._axes(ndim)  # validates the axes (wide frames are allowed here)
+  row, cols, _ = spec.axes(ndim)  # validates the axes (wide frames are allowed here)
   return tuple(sorted((row,) + cols))
 
 
@@ -108,15 +107,9 @@ def _cd(x: jax.Array) -> jnp.dtype:
   return jnp.promote_types(geometry.compute_dtype(x.dtype), jnp.float32)
 
 
-def _safe_div(num: jax.Array, den: jax.Array) -> jax.Array:
-  """``num / den`` where ``den > 0``, else 0."""
-  pos = den > 0
-  return jnp.where(pos, num / jnp.where(pos, den, 1), 0)
-
-
 def project_to_sphere_tangent(w: jax.Array, g: jax.Array, axes: Sequence[int]) -> jax.Array:
   """``G - <G, W> / ||W||^2 W`` per frame (``G`` itself where ``W = 0``)."""
-  coef = _safe_div(frame_inner(g, w, axes), frame_inner(w, w, axes))
+  coef = geometry.safe_divide(frame_inner(g, w, axes), frame_inner(w, w, axes))
   return g - coef * w
 
 
@@ -124,7 +117,8 @@ def _leaf_axes(frames: FramesLike, path: Any, w: jax.Array) -> tuple[int, ...]:
   return frame_axes(resolve_frames(frames, path, w), w.shape)
 
 
-def sphere_project(frames: FramesLike = FrameSpec()) -> optax.GradientTransformation:
+@keyword_frames(0)
+def sphere_project(*, frames: FramesLike = FrameSpec()) -> optax.GradientTransformation:
   """Projects each frame's update onto the tangent space of its sphere.
 
   ``G -> G - <G, W> / ||W||^2 W``: the orthogonal projection onto
@@ -168,8 +162,9 @@ def sphere_project(frames: FramesLike = FrameSpec()) -> optax.GradientTransforma
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+@keyword_frames(1)
 def sphere_retract(
-  radius: Optional[Any] = None, frames: FramesLike = FrameSpec()
+  radius: Optional[Any] = None, *, frames: FramesLike = FrameSpec()
 ) -> optax.GradientTransformation:
   """Retracts each frame onto its sphere; put it last in a chain.
 
@@ -220,7 +215,7 @@ def sphere_retract(
       else:
         rho = _expand_to_frames(jnp.asarray(radius, cd), w.shape, axes)
         keep = ~finite | (norm_a == 0)
-      delta = rho * _safe_div(a, norm_a) - wf
+      delta = rho * geometry.safe_divide(a, norm_a) - wf
       return jnp.where(keep, 0, delta).astype(u.dtype)
 
     return jax.tree_util.tree_map_with_path(leaf, updates, params), state
@@ -235,12 +230,13 @@ def _expand_to_frames(x: jax.Array, shape: Sequence[int], axes: Sequence[int]) -
   return jnp.expand_dims(x, tuple(axes)) if axes else x
 
 
+@keyword_frames(3)
 def sphere_moment(
   b1: float = 0.9,
   b2: float = 0.999,
   eps: float = 1e-8,
-  frames: FramesLike = FrameSpec(),
   *,
+  frames: FramesLike = FrameSpec(),
   mu_dtype: Any = None,
 ) -> optax.GradientTransformation:
   """Adam moments with one second-moment scalar per frame, transported on the sphere.
@@ -301,10 +297,7 @@ def sphere_moment(
       xi = jnp.where(finite, xi, 0)
       m = project_to_sphere_tangent(wf, b1 * m_prev + (1 - b1) * xi, axes)
       v = b2 * v_prev + (1 - b2) * frame_inner(xi, xi, axes)
-      t = count.astype(cd)
-      m_hat = m / (1 - jnp.asarray(b1, cd) ** t)
-      v_hat = v / (1 - jnp.asarray(b2, cd) ** t)
-      step = _safe_div(m_hat, jnp.sqrt(v_hat) + eps)
+      step = m * geometry.adam_coefficient(v, count, b1, b2, eps)
       step = jnp.where(finite, step, 0)
       m = jnp.where(finite, m, m_prev)
       v = jnp.where(finite, v, v_prev)
@@ -367,7 +360,7 @@ def _sphere_cap(max_norm, frames: FramesLike) -> optax.GradientTransformation:
       eta = u.astype(cd)
       norm = jnp.sqrt(frame_inner(eta, eta, axes))
       limit = jnp.asarray(max_norm, cd) * math.sqrt(frame_columns(spec, u.shape))
-      return (eta * _cap_factor(norm, limit)).astype(u.dtype)
+      return (eta * cap_factor(norm, limit)).astype(u.dtype)
 
     return jax.tree_util.tree_map_with_path(leaf, updates), state
 
@@ -375,7 +368,7 @@ def _sphere_cap(max_norm, frames: FramesLike) -> optax.GradientTransformation:
 
 
 def hyperball_adam(
-  learning_rate: ScalarOrSchedule = 1.0,
+  learning_rate: optax.ScalarOrSchedule = 1.0,
   b1: float = 0.9,
   b2: float = 0.999,
   eps: float = 1e-8,
@@ -437,13 +430,13 @@ def hyperball_adam(
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
   parts = [
-    sphere_project(frames),
-    sphere_moment(b1, b2, eps, frames, mu_dtype=mu_dtype),
+    sphere_project(frames=frames),
+    sphere_moment(b1, b2, eps, frames=frames, mu_dtype=mu_dtype),
     optax.scale_by_learning_rate(learning_rate),
   ]
   if max_norm is not None:
     parts.append(_sphere_cap(max_norm, frames))
   if relative:
     parts.append(_relative_step(frames))
-  parts.append(sphere_retract(radius, frames))
+  parts.append(sphere_retract(radius, frames=frames))
   return optax.chain(*parts)

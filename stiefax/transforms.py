@@ -28,9 +28,7 @@ how-to "Shard heads across devices").
 
 from __future__ import annotations
 
-import math
 from typing import Any
-from typing import Callable
 from typing import NamedTuple
 import warnings
 
@@ -39,11 +37,20 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from stiefax import _routing
 from stiefax import geometry
+from stiefax._routing import expand
+from stiefax._routing import keyword_frames
 from stiefax.frames import FramesLike
 from stiefax.frames import FrameSpec
 from stiefax.frames import checked_frames
+from stiefax.projections import canonical_gradient
+from stiefax.projections import grassmann_project
+from stiefax.projections import step_norm_cap
+from stiefax.projections import stiefel_project
 
+# The projections and the step cap live in stiefax.projections; they are re-exported
+# here, with the moments and the retractions, as the module of every transform.
 __all__ = [
   "PROJECTORS",
   "ScalarMomentState",
@@ -61,17 +68,10 @@ __all__ = [
 ]
 
 #: Tangent projectors by name (``projector=`` of the moments and the aliases).
-PROJECTORS = ("stiefel", "grassmann", "canonical")
+PROJECTORS = tuple(geometry.PROJECTIONS)
 
 #: Retractions by name (``retraction=`` of :func:`retract` and the aliases).
-RETRACTIONS = ("polar", "qr", "cayley")
-
-_PARAMS_REQUIRED = (
-  "stiefax.{name} needs the current point W: call"
-  " `tx.update(updates, state, params)`. The Stiefel transforms project onto the"
-  " tangent space at W and retract from W, so they cannot run without params."
-  " (With nnx.Optimizer and optax.partition the params are passed for you.)"
-)
+RETRACTIONS = geometry.RETRACTIONS
 
 _OFF_MANIFOLD = (
   "stiefax.{name}.init: the parameter at {path} (shape {shape}, {dtype}) is not on"
@@ -97,158 +97,6 @@ def _init_tolerance(dtype) -> float:
   return max(OFF_MANIFOLD_TOL, 4.0 * eps)
 
 
-def _require_params(name: str, params: Any) -> None:
-  if params is None:
-    raise ValueError(_PARAMS_REQUIRED.format(name=name))
-
-
-def _check_projector(projector: str) -> None:
-  if projector not in PROJECTORS:
-    raise ValueError(f"Unknown projector {projector!r}; valid projectors are {PROJECTORS}.")
-
-
-def _tangent_fn(projector: str) -> Callable[[jax.Array, jax.Array], jax.Array]:
-  """The orthogonal projection used to keep moments in the tangent space."""
-  return geometry.grassmann_project if projector == "grassmann" else geometry.stiefel_project
-
-
-def _per_leaf(fn: Callable[..., Any], n_out: int, tree: Any, *rest: Any):
-  """Maps ``fn(path, leaf, *rest_leaves) -> tuple`` and unzips ``n_out`` trees."""
-  treedef = jax.tree_util.tree_structure(tree)
-  outs = jax.tree_util.tree_map_with_path(fn, tree, *rest)
-  flat = treedef.flatten_up_to(outs)
-  return tuple(treedef.unflatten([o[i] for o in flat]) for i in range(n_out))
-
-
-def _compute_dtype(u: Any, w: Any) -> jnp.dtype:
-  """The dtype a frame's update is computed in: float32 or the wider of ``u`` and ``w``."""
-  return geometry.compute_dtype(jnp.promote_types(u.dtype, w.dtype))
-
-
-def _expand(mask: jax.Array) -> jax.Array:
-  return mask[..., None, None]
-
-
-def _cap_factor(norm: jax.Array, limit: jax.Array) -> jax.Array:
-  """``min(1, limit / norm)`` per frame, with 1 for a zero (or NaN) norm."""
-  return jnp.where(norm > limit, limit / jnp.where(norm > 0, norm, 1), 1)
-
-
-def _zeros_per_frame(spec: FrameSpec, w: Any, dtype) -> jax.Array:
-  """Zeros of the frames' batch shape (one per frame), sharded like ``w``'s frames.
-
-  Taken from entry ``(0, 0)`` of every frame, so that a state built outside ``jit``
-  from sharded params is sharded along the same batch axes (heads, layers).
-  """
-  batch_shape = spec.batch_shape(w.shape)  # also validates the axes and r <= d
-  view = spec._view(jnp.asarray(w))  # w itself unless the spec splits or selects
-  row, cols, _ = spec._axes(view.ndim)
-  index = tuple(0 if a == row or a in cols else slice(None) for a in range(view.ndim))
-  first = view[index]
-  assert first.shape == batch_shape, (first.shape, batch_shape)
-  return jnp.zeros_like(first, dtype=dtype)
-
-
-# ----------------------------------------------------------------------------
-# Projections.
-# ----------------------------------------------------------------------------
-
-
-def _projection(name: str, fn, frames: FramesLike) -> optax.GradientTransformation:
-  def init_fn(params):
-    del params
-    return optax.EmptyState()
-
-  def update_fn(updates, state, params=None):
-    _require_params(name, params)
-
-    def leaf(path, u, w):
-      spec = checked_frames(frames, path, w)
-      cd = _compute_dtype(u, w)
-      out = fn(spec.to_frames(w).astype(cd), spec.to_frames(u).astype(cd))
-      return spec.from_frames(out, u.shape).astype(w.dtype)
-
-    return jax.tree_util.tree_map_with_path(leaf, updates, params), state
-
-  return optax.GradientTransformation(init_fn, update_fn)
-
-
-def stiefel_project(frames: FramesLike = FrameSpec()) -> optax.GradientTransformation:
-  """Projects each frame's update onto the tangent space (paper eq. 3).
-
-  ``G -> Pi_W(G) = G - W sym(W^T G)``: the Riemannian gradient in the embedded
-  metric, so the chain that follows performs steepest descent on ``St(d, r)``
-  (Proposition 2). Weight decay ``lambda W`` is annihilated (Proposition 8).
-
-  Example:
-    >>> import jax, jax.numpy as jnp, optax, stiefax
-    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 2, 3))
-    >>> g = jax.random.normal(jax.random.key(1), w.shape)
-    >>> xi, _ = stiefax.stiefel_project().update(g, optax.EmptyState(), w)
-    >>> bool(stiefax.diagnostics.tangency_error(w, xi) < 1e-6)
-    True
-
-  Args:
-    frames: how each leaf is viewed as frames (a :class:`FrameSpec` or a callable
-      ``(path, leaf) -> FrameSpec``).
-
-  Returns:
-    An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
-  """
-  return _projection("stiefel_project", geometry.stiefel_project, frames)
-
-
-def grassmann_project(frames: FramesLike = FrameSpec()) -> optax.GradientTransformation:
-  """Projects each frame's update onto the horizontal space ``(I - W W^T) G``.
-
-  The PA16 / B2-SGD projector: besides the normal part it removes the per-frame
-  gauge block ``W W^T G``, which is *not* a symmetry of attention (Proposition 1), so
-  it discards the ``||Pi_{G_W} g||^2`` share of the decrease (Proposition 2, eq. 12).
-
-  Example:
-    >>> import jax, jax.numpy as jnp, optax, stiefax
-    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 2, 3))
-    >>> g = jax.random.normal(jax.random.key(1), w.shape)
-    >>> h, _ = stiefax.grassmann_project().update(g, optax.EmptyState(), w)
-    >>> bool(jnp.max(jnp.abs(jnp.einsum("dhr,dhs->hrs", w, h))) < 1e-6)  # W^T h = 0
-    True
-
-  Args:
-    frames: how each leaf is viewed as frames.
-
-  Returns:
-    An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
-  """
-  return _projection("grassmann_project", geometry.grassmann_project, frames)
-
-
-def canonical_gradient(frames: FramesLike = FrameSpec()) -> optax.GradientTransformation:
-  """Maps each frame's gradient to the canonical-metric gradient ``G - W G^T W`` (eq. 4).
-
-  Used by the B2m-can arm. The result is tangent at ``W``.
-
-  Example:
-    >>> import jax, optax, stiefax
-    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 2, 3))
-    >>> g = jax.random.normal(jax.random.key(1), w.shape)
-    >>> xi, _ = stiefax.canonical_gradient().update(g, optax.EmptyState(), w)
-    >>> bool(stiefax.diagnostics.tangency_error(w, xi) < 1e-6)
-    True
-
-  Args:
-    frames: how each leaf is viewed as frames.
-
-  Returns:
-    An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
-  """
-  return _projection("canonical_gradient", geometry.canonical_gradient, frames)
-
-
-# ----------------------------------------------------------------------------
-# Moments.
-# ----------------------------------------------------------------------------
-
-
 class ScalarMomentState(NamedTuple):
   """State of :func:`scalar_moment`.
 
@@ -259,10 +107,11 @@ class ScalarMomentState(NamedTuple):
     skipped: int32 per frame, steps skipped because the update was not finite.
   """
 
-  count: jax.Array  # int32 scalar: steps taken (for bias correction).
-  mu: Any  # first moment, tree like params: tangent at the current point.
-  nu: Any  # second moment, one scalar per frame: leaves of the frames' batch shape.
-  skipped: Any  # int32 per frame: steps skipped because the update was not finite.
+  # The field shadows tuple.count (a method), as in optax's states.
+  count: jax.Array  # type: ignore[assignment]
+  mu: Any
+  nu: Any
+  skipped: Any
 
 
 class ElementwiseMomentState(NamedTuple):
@@ -275,24 +124,24 @@ class ElementwiseMomentState(NamedTuple):
     skipped: int32 per frame, steps skipped because the update was not finite.
   """
 
-  count: jax.Array  # int32 scalar: steps taken.
-  mu: Any  # first moment, tree like params.
-  nu: Any  # second moment, tree like params (one entry per parameter entry).
-  skipped: Any  # int32 per frame: steps skipped because the update was not finite.
+  # The field shadows tuple.count (a method), as in optax's states.
+  count: jax.Array  # type: ignore[assignment]
+  mu: Any
+  nu: Any
+  skipped: Any
 
 
 def _moment(
   name: str,
-  b1,
-  b2,
-  eps,
+  b1: Any,
+  b2: Any,
+  eps: Any,
   frames: FramesLike,
   projector: str,
   elementwise: bool,
-  mu_dtype,
+  mu_dtype: Any,
 ) -> optax.GradientTransformation:
-  _check_projector(projector)
-  tangent = _tangent_fn(projector)
+  tangent = geometry.projection(geometry.projection(projector).transport).project
   state_cls = ElementwiseMomentState if elementwise else ScalarMomentState
 
   def init_fn(params):
@@ -301,20 +150,20 @@ def _moment(
       nu_dtype = jnp.promote_types(geometry.compute_dtype(w.dtype), jnp.float32)
       # zeros_like: a state built from sharded params is sharded like them.
       mu = jnp.zeros_like(w, dtype=mu_dtype or w.dtype)
-      skipped = _zeros_per_frame(spec, w, jnp.int32)
+      skipped = _routing.zeros_per_frame(spec, w, jnp.int32)
       nu = jnp.zeros_like(w, dtype=nu_dtype) if elementwise else jnp.zeros_like(skipped, nu_dtype)
       return mu, nu, skipped
 
-    mu, nu, skipped = _per_leaf(leaf, 3, params)
+    mu, nu, skipped = _routing.per_leaf(leaf, 3, params)
     return state_cls(jnp.zeros([], jnp.int32), mu, nu, skipped)
 
   def update_fn(updates, state, params=None):
-    _require_params(name, params)
+    _routing.require_params(name, params)
     count = optax.safe_increment(state.count)
 
     def leaf(path, u, w, mu, nu, skipped):
       spec = checked_frames(frames, path, w)
-      cd = jnp.promote_types(_compute_dtype(u, w), nu.dtype)
+      cd = jnp.promote_types(_routing.update_dtype(u, w), nu.dtype)
       wf = spec.to_frames(w).astype(cd)
       xi = spec.to_frames(u).astype(cd)
       m_prev = spec.to_frames(mu).astype(cd)
@@ -322,26 +171,21 @@ def _moment(
       # One reduction serves both the finiteness test and the scalar moment.
       sq_norm = geometry.frame_sq_norm(xi)
       finite = jnp.isfinite(sq_norm)
-      xi = jnp.where(_expand(finite), xi, 0)
+      xi = jnp.where(expand(finite), xi, 0)
       # Moment transport: the previous m is re-projected at the current W.
       m = tangent(wf, b1 * m_prev + (1 - b1) * xi)
       if elementwise:
         v = b2 * v_prev + (1 - b2) * jnp.square(xi)
       else:
         v = b2 * v_prev + (1 - b2) * jnp.where(finite, sq_norm, 0)
-      t = count.astype(cd)
-      m_hat = m / (1 - jnp.asarray(b1, cd) ** t)
-      v_hat = v / (1 - jnp.asarray(b2, cd) ** t)
-      den = jnp.sqrt(v_hat) + eps
-      if not elementwise:
-        den = _expand(den)
-      safe = den > 0  # v_hat = 0 (and eps = 0) defines a zero step, not 0/0.
-      step = jnp.where(safe, m_hat / jnp.where(safe, den, 1), 0)
+      # m_hat / (sqrt(v_hat) + eps); v_hat = 0 (and eps = 0) is a zero step, not 0/0.
+      coef = geometry.adam_coefficient(v, count, b1, b2, eps)
+      step = m * (coef if elementwise else expand(coef))
       if elementwise:
         step = tangent(wf, step)  # the entrywise quotient is not tangent.
-      step = jnp.where(_expand(finite), step, 0)
-      m = jnp.where(_expand(finite), m, m_prev)
-      v = jnp.where(_expand(finite) if elementwise else finite, v, v_prev)
+      step = jnp.where(expand(finite), step, 0)
+      m = jnp.where(expand(finite), m, m_prev)
+      v = jnp.where(expand(finite) if elementwise else finite, v, v_prev)
       new_nu = spec.from_frames(v, w.shape) if elementwise else v
       return (
         spec.from_frames(step, u.shape).astype(w.dtype),
@@ -350,18 +194,21 @@ def _moment(
         skipped + (~finite).astype(jnp.int32),
       )
 
-    out, mu, nu, skipped = _per_leaf(leaf, 4, updates, params, state.mu, state.nu, state.skipped)
+    out, mu, nu, skipped = _routing.per_leaf(
+      leaf, 4, updates, params, state.mu, state.nu, state.skipped
+    )
     return out, state_cls(count, mu, nu, skipped)
 
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+@keyword_frames(3)
 def scalar_moment(
   b1: float = 0.9,
   b2: float = 0.999,
   eps: float = 1e-8,
-  frames: FramesLike = FrameSpec(),
   *,
+  frames: FramesLike = FrameSpec(),
   projector: str = "stiefel",
   mu_dtype: Any = None,
 ) -> optax.GradientTransformation:
@@ -409,12 +256,13 @@ def scalar_moment(
   return _moment("scalar_moment", b1, b2, eps, frames, projector, False, mu_dtype)
 
 
+@keyword_frames(3)
 def elementwise_moment(
   b1: float = 0.9,
   b2: float = 0.999,
   eps: float = 1e-8,
-  frames: FramesLike = FrameSpec(),
   *,
+  frames: FramesLike = FrameSpec(),
   projector: str = "stiefel",
   mu_dtype: Any = None,
 ) -> optax.GradientTransformation:
@@ -432,7 +280,7 @@ def elementwise_moment(
     >>> state = tx.init(w)
     >>> state.nu.shape  # one second moment per entry (the scalar moment keeps (2,))
     (6, 2, 3)
-    >>> g = stiefax.geometry.stiefel_project(
+    >>> g = stiefax.geometry.stiefel_tangent(
     ...     jax.numpy.swapaxes(w, 0, 1), jax.random.normal(jax.random.key(1), (2, 6, 3)))
     >>> step, state = tx.update(jax.numpy.swapaxes(g, 0, 1), state, w)
     >>> bool(stiefax.diagnostics.tangency_error(w, step) < 1e-5)
@@ -453,56 +301,6 @@ def elementwise_moment(
   return _moment("elementwise_moment", b1, b2, eps, frames, projector, True, mu_dtype)
 
 
-# ----------------------------------------------------------------------------
-# Step cap and retraction.
-# ----------------------------------------------------------------------------
-
-
-def step_norm_cap(max_norm=0.1, frames: FramesLike = FrameSpec()) -> optax.GradientTransformation:
-  """Caps each frame's step at Frobenius norm ``tau * sqrt(r)`` (paper section 3.2).
-
-  ``eta -> eta * min(1, tau sqrt(r) / ||eta||_F)`` with ``tau = max_norm`` and ``r``
-  the frame's column count. With the cap the largest principal angle between
-  ``col(W)`` and ``col(W + eta)`` is at most ``arctan(tau sqrt(r))`` (Proposition
-  6(ii)). It does not read ``params``.
-
-  Example:
-    >>> import jax.numpy as jnp, optax, stiefax
-    >>> step = jnp.ones((4, 1, 4))       # one 4 x 4 frame, ||step||_F = 4
-    >>> out, _ = stiefax.step_norm_cap(0.1).update(step, optax.EmptyState())
-    >>> float(jnp.linalg.norm(out))      # capped at 0.1 * sqrt(4)
-    0.2...
-
-  Args:
-    max_norm: ``tau``; a float or a scalar array (traced under
-      ``optax.inject_hyperparams``, so it can follow a schedule there).
-    frames: how each leaf is viewed as frames.
-
-  Returns:
-    An ``optax.GradientTransformation``.
-  """
-
-  def init_fn(params):
-    del params
-    return optax.EmptyState()
-
-  def update_fn(updates, state, params=None):
-    del params
-
-    def leaf(path, u):
-      spec = checked_frames(frames, path, u)
-      cd = jnp.promote_types(geometry.compute_dtype(u.dtype), jnp.float32)
-      eta = spec.to_frames(u).astype(cd)
-      r = eta.shape[-1]
-      norm = jnp.sqrt(geometry.frame_sq_norm(eta))
-      limit = jnp.asarray(max_norm, cd) * math.sqrt(r)
-      return spec.from_frames(eta * _expand(_cap_factor(norm, limit)), u.shape).astype(u.dtype)
-
-    return jax.tree_util.tree_map_with_path(leaf, updates), state
-
-  return optax.GradientTransformation(init_fn, update_fn)
-
-
 class PolarRetractState(NamedTuple):
   """State of :func:`polar_retract`.
 
@@ -510,7 +308,7 @@ class PolarRetractState(NamedTuple):
     skipped: int32 per frame, steps skipped because the update was not finite.
   """
 
-  skipped: Any  # int32 per frame: steps skipped because the update was not finite.
+  skipped: Any
 
 
 _LAPACK_WARNING = (
@@ -523,46 +321,11 @@ _LAPACK_WARNING = (
 )
 
 
-def _check_retraction(retraction: str) -> None:
-  if retraction not in RETRACTIONS:
-    raise ValueError(f"Unknown retraction {retraction!r}; valid retractions are {RETRACTIONS}.")
-
-
-def _retract_frames(wf, eta, method, step_bound, sq_norm=None, retraction="polar"):
-  """``(R_W(eta) - W, finite)`` per frame; a zero or non-finite step keeps W.
-
-  ``R`` is ``polar(W + eta)`` (``method`` picks the algorithm), or with
-  ``retraction="qr"`` / ``"cayley"`` :func:`stiefax.geometry.qr_retract` /
-  :func:`stiefax.geometry.cayley_retract`.
-
-  ``sq_norm`` is ``||eta||_F^2`` per frame when the caller knows it. With a step bound
-  the Newton-Schulz scale is ``c = 1 + ||eta||_F^2``: ``A^T A = I + eta^T eta`` for a
-  tangent ``eta`` (Proposition 6(i)), so ``lambda_max(A^T A) <= c`` and ``A / sqrt(c)``
-  enters the iteration directly (no reductions of the Gram matrix).
-  """
-  if sq_norm is None:
-    sq_norm = geometry.frame_sq_norm(eta)
-  finite = jnp.isfinite(sq_norm)
-  moved = finite & (sq_norm > 0)
-  eta = jnp.where(_expand(finite), eta, 0)
-  if retraction == "qr":
-    target = geometry.qr_retract(wf, eta)
-  elif retraction == "cayley":
-    target = geometry.cayley_retract(wf, eta)
-  elif method in ("auto", "newton_schulz") and step_bound is not None:
-    c = 1 + jnp.where(finite, sq_norm, 0)
-    a = (wf + eta) * _expand(jax.lax.rsqrt(c))
-    iterations = geometry.newton_schulz_iterations(step_bound, wf.shape[-1], wf.dtype)
-    target = geometry._polar_newton_schulz(a, iterations, prescaled=True)
-  else:
-    target = geometry.polar(wf + eta, method, step_bound=step_bound)
-  return jnp.where(_expand(moved), target - wf, 0), finite
-
-
+@keyword_frames(0)
 def polar_retract(
-  frames: FramesLike = FrameSpec(),
   method: str = "auto",
   *,
+  frames: FramesLike = FrameSpec(),
   step_bound: float | None = None,
   init_tol: float | None = None,
 ) -> optax.GradientTransformation:
@@ -594,11 +357,11 @@ def polar_retract(
     True
 
   Args:
-    frames: how each leaf is viewed as frames.
     method: ``"auto"`` (default; matrix products only), ``"newton_schulz"``,
       ``"eigh"``, ``"svd"`` (the reference) or ``"qdwh"``; see
       :func:`stiefax.geometry.polar`. The LAPACK-backed methods warn once on the CPU
       backend, where they have deadlocked inside fused training steps.
+    frames: how each leaf is viewed as frames.
     step_bound: ``tau`` when every incoming step is tangent and capped at
       ``||eta||_F <= tau sqrt(r)`` (a preceding :func:`step_norm_cap`). Newton-Schulz
       then runs a fixed number of iterations derived from Proposition 6
@@ -611,16 +374,15 @@ def polar_retract(
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
-  return retract(
-    frames, "polar", method, step_bound=step_bound, init_tol=init_tol, name="polar_retract"
-  )
+  return _retract(frames, "polar", method, step_bound, init_tol, "polar_retract")
 
 
+@keyword_frames(0)
 def retract(
-  frames: FramesLike = FrameSpec(),
   retraction: str = "polar",
   method: str = "auto",
   *,
+  frames: FramesLike = FrameSpec(),
   step_bound: float | None = None,
   init_tol: float | None = None,
   name: str = "retract",
@@ -645,16 +407,16 @@ def retract(
     >>> import jax, jax.numpy as jnp, optax, stiefax
     >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (8, 2, 4))
     >>> tx = stiefax.retract(retraction="qr")
-    >>> step = stiefax.geometry.stiefel_project(
+    >>> step = stiefax.geometry.stiefel_tangent(
     ...     jnp.swapaxes(w, 0, 1), 0.1 * jax.random.normal(jax.random.key(1), (2, 8, 4)))
     >>> u, _ = tx.update(jnp.swapaxes(step, 0, 1), tx.init(w), w)
     >>> bool(stiefax.diagnostics.isometry_error(optax.apply_updates(w, u)) < 1e-5)
     True
 
   Args:
-    frames: how each leaf is viewed as frames.
     retraction: one of :data:`RETRACTIONS`.
     method: the polar method (``retraction="polar"`` only), see :func:`polar_retract`.
+    frames: how each leaf is viewed as frames.
     step_bound: ``tau`` of a preceding step cap (``retraction="polar"`` only), see
       :func:`polar_retract`.
     init_tol: the largest ``max|W^T W - I|`` that ``init`` accepts (default
@@ -664,7 +426,18 @@ def retract(
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
-  _check_retraction(retraction)
+  return _retract(frames, retraction, method, step_bound, init_tol, name)
+
+
+def _retract(
+  frames: FramesLike,
+  retraction: str,
+  method: str,
+  step_bound: Any,
+  init_tol: Any,
+  name: str,
+) -> optax.GradientTransformation:
+  _routing.check_name("retraction", retraction, RETRACTIONS)
   if method not in geometry.POLAR_METHODS:
     raise ValueError(
       f"Unknown polar method {method!r}; valid methods are {geometry.POLAR_METHODS}."
@@ -674,12 +447,13 @@ def retract(
     and method in geometry.DECOMPOSITION_METHODS
     and jax.default_backend() == "cpu"
   ):
-    warnings.warn(_LAPACK_WARNING.format(method=method), RuntimeWarning, stacklevel=3)
+    # The caller of polar_retract / retract (through their keyword_frames wrapper).
+    warnings.warn(_LAPACK_WARNING.format(method=method), RuntimeWarning, stacklevel=4)
 
   def init_fn(params):
     def leaf(path, w):
       spec = checked_frames(frames, path, w)
-      skipped = _zeros_per_frame(spec, w, jnp.int32)  # also validates the axes, r <= d
+      skipped = _routing.zeros_per_frame(spec, w, jnp.int32)  # also validates the axes, r <= d
       # Concrete params that this process holds entirely are checked on the host (a
       # global array spread over several hosts is not fetched).
       if not isinstance(w, jax.core.Tracer) and getattr(w, "is_fully_addressable", True):
@@ -703,24 +477,24 @@ def retract(
     return PolarRetractState(jax.tree_util.tree_map_with_path(leaf, params))
 
   def update_fn(updates, state, params=None):
-    _require_params(name, params)
+    _routing.require_params(name, params)
 
     def leaf(path, u, w, skipped):
       spec = checked_frames(frames, path, w)
-      cd = _compute_dtype(u, w)
-      delta, finite = _retract_frames(
+      cd = _routing.update_dtype(u, w)
+      delta, finite = geometry.retraction_step(
         spec.to_frames(w).astype(cd),
         spec.to_frames(u).astype(cd),
-        method,
-        step_bound,
         retraction=retraction,
+        method=method,
+        step_bound=step_bound,
       )
       return (
         spec.from_frames(delta, u.shape).astype(w.dtype),
         skipped + (~finite).astype(jnp.int32),
       )
 
-    out, skipped = _per_leaf(leaf, 2, updates, params, state.skipped)
+    out, skipped = _routing.per_leaf(leaf, 2, updates, params, state.skipped)
     return out, PolarRetractState(skipped)
 
   return optax.GradientTransformation(init_fn, update_fn)

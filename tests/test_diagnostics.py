@@ -99,7 +99,7 @@ def test_per_frame_fraction_of_a_random_tangent_is_about_a_quarter(rng):
   assert 0.15 < float(jnp.mean(gc.joint)) < 0.21  # sqrt((r-1)/(4(d-r)+2(r-1))) = 0.177
   # Control: a horizontal (Grassmann-projected) gradient has no per-frame content.
   hq, hk = (
-    stiefax.geometry.grassmann_project(jnp.swapaxes(w, 0, 1), jnp.swapaxes(g, 0, 1))
+    stiefax.geometry.grassmann_horizontal(jnp.swapaxes(w, 0, 1), jnp.swapaxes(g, 0, 1))
     for w, g in ((wq, gq), (wk, gk))
   )
   flat = gauge_content(wq, wk, jnp.swapaxes(hq, 0, 1), jnp.swapaxes(hk, 0, 1))
@@ -277,7 +277,7 @@ def test_step_statistics_edge_cases_and_errors(rng):
   with pytest.raises(ValueError, match="leaves"):
     step_statistics({"a": w, "b": w}, {"a": w}, {"a": w, "b": w})
   with pytest.raises(ValueError, match=r"\(12, 3, 4\) \(old\), \(12, 3, 3\) \(new\)"):
-    step_statistics({"a": w}, {"a": w[..., :3]}, {"a": w})
+    step_statistics({"a": w}, {"a": w[..., :3]}, {"a": w}, labels={"a": "stiefel"})
   with pytest.raises(ValueError, match="unknown projector 'euclid'"):
     step_statistics(w, w, w, projector="euclid")
 
@@ -298,7 +298,10 @@ def test_isometry_error_with_labels(rng):
   labels = stiefax.flax.qk_labels(params)
   assert float(stiefax.diagnostics.isometry_error(params, stiefax.flax.qk_labels)) < 1e-5
   assert float(stiefax.diagnostics.isometry_error(params, labels)) < 1e-5
-  assert float(stiefax.diagnostics.isometry_error(params)) > 7.0  # value: |9 - 1|
+  # labels=None means the query/key frames (qk_labels), so the value kernel is left out.
+  assert float(stiefax.diagnostics.isometry_error(params)) < 1e-5
+  every = lambda p: jax.tree.map(lambda _: "stiefel", p)
+  assert float(stiefax.diagnostics.isometry_error(params, every)) > 7.0  # value: |9 - 1|
   bumped = jax.tree.map(lambda x: x, params)
   bumped["attn"]["query"]["kernel"] = 1.01 * params["attn"]["query"]["kernel"]
   np.testing.assert_allclose(

@@ -175,12 +175,12 @@ def _griffe_extension():
 def test_sphinx_roles_become_cross_references():
   ext = _griffe_extension()
   text = ext.markdown_docstring(
-    "Use :func:`qk_labels` and :class:`stiefax.FrameSpec` (see :meth:`FrameSpec.rest`,"
+    "Use :func:`qk_frames` and :class:`stiefax.FrameSpec` (see :meth:`FrameSpec.rest`,"
     " :func:`~stiefax.geometry.polar`, :func:`jax.numpy.linalg.svd`)::\n\n    code::\n",
     "stiefax.flax",
   )
   assert text == (
-    "Use [`qk_labels`][stiefax.flax.qk_labels] and [`stiefax.FrameSpec`][stiefax.FrameSpec]"
+    "Use [`qk_frames`][stiefax.flax.qk_frames] and [`stiefax.FrameSpec`][stiefax.FrameSpec]"
     " (see [`FrameSpec.rest`][stiefax.FrameSpec.rest], [`polar`][stiefax.geometry.polar],"
     " `jax.numpy.linalg.svd`):\n\n    code:\n"
   )

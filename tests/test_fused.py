@@ -144,3 +144,21 @@ def test_fused_low_precision_close_to_chain(rng, dtype):
   tol = 2e-2 if dtype == jnp.bfloat16 else 2e-5
   assert _max_diff(fused, chain) < tol
   assert float(stiefax.diagnostics.isometry_error(fused)) < tol
+
+
+@pytest.mark.parametrize("lr", [1.0, optax.linear_schedule(1.0, 0.1, 5)], ids=["const", "sched"])
+def test_fused_finds_its_states_by_type_not_position(rng, lr):
+  w = kernel(rng, dtype=np.float32)
+  g = jnp.asarray(rng.standard_normal(w.shape), jnp.float32)
+  tx = stiefax.riemannian_adam(lr)
+  state = tx.init(w)
+  u, new = tx.update(g, state, w)
+  # A reordered chain state is read and written by type: the same update and state.
+  u_rev, new_rev = tx.update(g, tuple(reversed(state)), w)
+  np.testing.assert_array_equal(u_rev, u)
+  assert _max_diff(tuple(reversed(new_rev)), new) == 0.0
+  assert int(new_rev[-2].count) == 1  # the moment state, at its reordered place
+  # A state that is wrapped, duplicated or not a chain's is refused, naming the types.
+  for bad in (optax.MaskedState(state), state + state, state[1]):
+    with pytest.raises(ValueError, match=r"ScalarMomentState|chain"):
+      tx.update(g, bad, w)

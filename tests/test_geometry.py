@@ -3,6 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from stiefax import _matrix
 from stiefax import geometry
 from tests import reference as ref
 
@@ -19,9 +20,9 @@ def _tangent_step(rng, w, norm):
 @pytest.mark.parametrize(
   "fn, ref_fn",
   [
-    (geometry.stiefel_project, ref.stiefel_project),
-    (geometry.grassmann_project, ref.grassmann_project),
-    (geometry.canonical_gradient, ref.canonical_gradient),
+    (geometry.stiefel_tangent, ref.stiefel_project),
+    (geometry.grassmann_horizontal, ref.grassmann_project),
+    (geometry.canonical_tangent, ref.canonical_gradient),
   ],
 )
 def test_projections_match_reference_and_are_tangent(x64, rng, fn, ref_fn):
@@ -39,12 +40,12 @@ def test_projection_kernels(x64, rng):
   s = rng.standard_normal((2, 3, 3))
   normal = w @ (s + np.swapaxes(s, -1, -2))
   # The normal space {W S} is the kernel of the Stiefel projection (Proposition 8).
-  assert np.max(np.abs(geometry.stiefel_project(w, normal))) < 1e-13
-  assert np.max(np.abs(geometry.stiefel_project(w, 0.7 * w))) < 1e-13
+  assert np.max(np.abs(geometry.stiefel_tangent(w, normal))) < 1e-13
+  assert np.max(np.abs(geometry.stiefel_tangent(w, 0.7 * w))) < 1e-13
   # The Grassmann projection also removes the gauge block W Omega.
   omega = s - np.swapaxes(s, -1, -2)
-  assert np.max(np.abs(geometry.grassmann_project(w, w @ omega))) < 1e-13
-  assert np.max(np.abs(geometry.stiefel_project(w, w @ omega) - w @ omega)) < 1e-13
+  assert np.max(np.abs(geometry.grassmann_horizontal(w, w @ omega))) < 1e-13
+  assert np.max(np.abs(geometry.stiefel_tangent(w, w @ omega) - w @ omega)) < 1e-13
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -113,7 +114,7 @@ def test_fixed_newton_schulz_count_is_exact_for_capped_steps(rng, r):
     assert float(jnp.max(geometry.isometry_residual(out))) < 3e-6
   # Control: one iteration fewer is not exact in the worst case.
   k = geometry.newton_schulz_iterations(tau, r)
-  short = geometry._polar_newton_schulz(jnp.asarray(w + rank1, jnp.float32), k - 1)
+  short = _matrix.polar_newton_schulz(jnp.asarray(w + rank1, jnp.float32), k - 1)
   if r >= 4:
     assert float(jnp.max(geometry.isometry_residual(short))) > 1e-6
 
@@ -124,3 +125,20 @@ def test_newton_schulz_iteration_counts():
   assert geometry.newton_schulz_iterations(0.1, 64) == 4
   assert geometry.newton_schulz_iterations(0.1, 64, jnp.float64) == 5
   assert geometry.newton_schulz_iterations(1.0, 64) > 8
+
+
+@pytest.mark.parametrize(
+  "old, new",
+  [
+    ("stiefel_project", "stiefel_tangent"),
+    ("grassmann_project", "grassmann_horizontal"),
+    ("canonical_gradient", "canonical_tangent"),
+  ],
+)
+def test_renamed_projections_keep_their_old_names_with_a_warning(old, new):
+  with pytest.warns(DeprecationWarning, match=f"geometry.{old} is deprecated.*geometry.{new}"):
+    fn = getattr(geometry, old)
+  assert fn is getattr(geometry, new)
+  assert old not in geometry.__all__ and new in geometry.__all__
+  with pytest.raises(AttributeError):
+    geometry.no_such_function  # noqa: B018

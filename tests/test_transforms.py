@@ -16,16 +16,16 @@ D, H, R = 12, 3, 4  # kernels (d_model, heads, head_dim)
 
 # name -> factory(frames) of every transform that reads the current point.
 NEEDS_PARAMS = {
-  "stiefel_project": lambda f: stiefax.stiefel_project(f),
-  "grassmann_project": lambda f: stiefax.grassmann_project(f),
-  "canonical_gradient": lambda f: stiefax.canonical_gradient(f),
+  "stiefel_project": lambda f: stiefax.stiefel_project(frames=f),
+  "grassmann_project": lambda f: stiefax.grassmann_project(frames=f),
+  "canonical_gradient": lambda f: stiefax.canonical_gradient(frames=f),
   "scalar_moment": lambda f: stiefax.scalar_moment(frames=f),
   "elementwise_moment": lambda f: stiefax.elementwise_moment(frames=f),
-  "polar_retract": lambda f: stiefax.polar_retract(f),
-  "retract": lambda f: stiefax.retract(f, "qr"),
+  "polar_retract": lambda f: stiefax.polar_retract(frames=f),
+  "retract": lambda f: stiefax.retract("qr", frames=f),
   "manifold_muon": lambda f: stiefax.manifold_muon(0.1, frames=f),
 }
-ALL = dict(NEEDS_PARAMS, step_norm_cap=lambda f: stiefax.step_norm_cap(0.1, f))
+ALL = dict(NEEDS_PARAMS, step_norm_cap=lambda f: stiefax.step_norm_cap(0.1, frames=f))
 TANGENT_OUTPUT = [
   "stiefel_project",
   "grassmann_project",
@@ -123,7 +123,9 @@ def test_step_norm_cap_per_frame(x64, rng):
     to_ref(out)[1] / norms[1], to_ref(eta)[1] / np.linalg.norm(to_ref(eta)[1])
   )
   # Block frames: tau * sqrt(H * r) for the whole kernel.
-  out, _ = stiefax.step_norm_cap(0.1, FrameSpec(col_axes=(-2, -1))).update(eta, optax.EmptyState())
+  out, _ = stiefax.step_norm_cap(0.1, frames=FrameSpec(col_axes=(-2, -1))).update(
+    eta, optax.EmptyState()
+  )
   np.testing.assert_allclose(np.linalg.norm(out), 0.1 * np.sqrt(H * R), rtol=1e-12)
 
 
@@ -269,3 +271,52 @@ def test_unknown_retraction_is_a_clear_error():
   ):
     with pytest.raises(ValueError, match="Unknown retraction 'exp'; valid retractions are"):
       make()
+
+
+POSITIONAL_FRAMES = {
+  "stiefel_project": lambda f: stiefax.stiefel_project(f),
+  "grassmann_project": lambda f: stiefax.grassmann_project(f),
+  "canonical_gradient": lambda f: stiefax.canonical_gradient(f),
+  "scalar_moment": lambda f: stiefax.scalar_moment(0.9, 0.999, 1e-8, f),
+  "elementwise_moment": lambda f: stiefax.elementwise_moment(0.9, 0.999, 1e-8, f),
+  "step_norm_cap": lambda f: stiefax.step_norm_cap(0.1, f),
+  "polar_retract": lambda f: stiefax.polar_retract(f, "newton_schulz"),
+  "retract": lambda f: stiefax.retract(f, "qr"),
+  "sphere_project": lambda f: stiefax.sphere_project(f),
+  "sphere_retract": lambda f: stiefax.sphere_retract(None, f),
+  "sphere_moment": lambda f: stiefax.sphere.sphere_moment(0.9, 0.999, 1e-8, f),
+}
+KEYWORD_FRAMES = {
+  "stiefel_project": lambda f: stiefax.stiefel_project(frames=f),
+  "grassmann_project": lambda f: stiefax.grassmann_project(frames=f),
+  "canonical_gradient": lambda f: stiefax.canonical_gradient(frames=f),
+  "scalar_moment": lambda f: stiefax.scalar_moment(0.9, 0.999, 1e-8, frames=f),
+  "elementwise_moment": lambda f: stiefax.elementwise_moment(0.9, 0.999, 1e-8, frames=f),
+  "step_norm_cap": lambda f: stiefax.step_norm_cap(0.1, frames=f),
+  "polar_retract": lambda f: stiefax.polar_retract("newton_schulz", frames=f),
+  "retract": lambda f: stiefax.retract("qr", frames=f),
+  "sphere_project": lambda f: stiefax.sphere_project(frames=f),
+  "sphere_retract": lambda f: stiefax.sphere_retract(None, frames=f),
+  "sphere_moment": lambda f: stiefax.sphere.sphere_moment(0.9, 0.999, 1e-8, frames=f),
+}
+
+
+@pytest.mark.parametrize("name", sorted(POSITIONAL_FRAMES))
+def test_positional_frames_still_work_with_a_deprecation_warning(rng, name):
+  w = jnp.swapaxes(kernel(rng, dtype=np.float32), 0, 1)  # (heads, d, r): row_axis=1
+  spec = FrameSpec(row_axis=1)
+  g = jnp.asarray(rng.standard_normal(w.shape), jnp.float32)
+  with pytest.warns(DeprecationWarning, match=rf"stiefax.{name}: passing frames positionally"):
+    old = POSITIONAL_FRAMES[name](spec)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    new = KEYWORD_FRAMES[name](spec)
+  u_old, _ = old.update(g, old.init(w), w)
+  u_new, _ = new.update(g, new.init(w), w)
+  np.testing.assert_array_equal(u_old, u_new)
+  assert float(jnp.max(jnp.abs(u_new))) > 0
+
+
+def test_frames_both_by_position_and_by_keyword_is_an_error():
+  with pytest.raises(TypeError, match="both by position and by keyword"):
+    stiefax.step_norm_cap(0.1, FrameSpec(), frames=FrameSpec())

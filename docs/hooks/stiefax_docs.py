@@ -33,6 +33,7 @@ API_MODULES = (
   "stiefax.geometry",
   "stiefax.muon",
   "stiefax.flax",
+  "stiefax.labels",
   "stiefax.diagnostics",
   "stiefax.certificates",
   "stiefax.covariance",

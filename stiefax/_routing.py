@@ -1,0 +1,110 @@
+"""Routing a pytree of frame parameters to the per-frame math of :mod:`stiefax.geometry`.
+
+The helpers every frame transform shares: the error for a missing ``params``, mapping
+a per-leaf function that returns several trees, the dtype a frame's update is
+computed in, per-frame masks and caps, and per-frame zeros sharded like the params.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+from typing import Callable
+from typing import TypeVar
+import warnings
+
+import jax
+import jax.numpy as jnp
+
+from stiefax import geometry
+from stiefax.frames import FrameSpec
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+PARAMS_REQUIRED = (
+  "stiefax.{name} needs the current point W: call"
+  " `tx.update(updates, state, params)`. The Stiefel transforms project onto the"
+  " tangent space at W and retract from W, so they cannot run without params."
+  " (With nnx.Optimizer and optax.partition the params are passed for you.)"
+)
+
+
+def require_params(name: str, params: Any) -> None:
+  """Raises the one clear ValueError of a transform that needs ``params``."""
+  if params is None:
+    raise ValueError(PARAMS_REQUIRED.format(name=name))
+
+
+def per_leaf(fn: Callable[..., Any], n_out: int, tree: Any, *rest: Any) -> tuple[Any, ...]:
+  """Maps ``fn(path, leaf, *rest_leaves) -> tuple`` and unzips ``n_out`` trees."""
+  treedef = jax.tree_util.tree_structure(tree)
+  outs = jax.tree_util.tree_map_with_path(fn, tree, *rest)
+  flat = treedef.flatten_up_to(outs)  # type: ignore[attr-defined]
+  return tuple(treedef.unflatten([o[i] for o in flat]) for i in range(n_out))  # type: ignore[attr-defined]
+
+
+def update_dtype(u: Any, w: Any) -> jnp.dtype:
+  """The dtype a frame's update is computed in: float32 or the wider of ``u`` and ``w``."""
+  return geometry.compute_dtype(jnp.promote_types(u.dtype, w.dtype))
+
+
+def expand(per_frame: jax.Array) -> jax.Array:
+  """A per-frame array (batch shape) broadcastable against ``(..., d, r)`` frames."""
+  return per_frame[..., None, None]
+
+
+def cap_factor(norm: jax.Array, limit: Any) -> jax.Array:
+  """``min(1, limit / norm)`` per frame, with 1 for a zero (or NaN) norm."""
+  return jnp.where(norm > limit, limit / jnp.where(norm > 0, norm, 1), 1)
+
+
+def zeros_per_frame(spec: FrameSpec, w: Any, dtype: Any) -> jax.Array:
+  """Zeros of the frames' batch shape (one per frame), sharded like ``w``'s frames.
+
+  Taken from entry ``(0, 0)`` of every frame, so that a state built outside ``jit``
+  from sharded params is sharded along the same batch axes (heads, layers).
+  """
+  batch_shape = spec.batch_shape(w.shape)  # also validates the axes and r <= d
+  view = spec.view(jnp.asarray(w))  # w itself unless the spec splits or selects
+  row, cols, _ = spec.axes(view.ndim)
+  index = tuple(0 if a == row or a in cols else slice(None) for a in range(view.ndim))
+  first = view[index]
+  assert first.shape == batch_shape, (first.shape, batch_shape)
+  return jnp.zeros_like(first, dtype=dtype)
+
+
+_POSITIONAL_FRAMES = (
+  "stiefax.{name}: passing frames positionally is deprecated and stops working in the"
+  " next release; pass it by keyword, {name}(..., frames=...)."
+)
+
+
+def keyword_frames(position: int) -> Callable[[F], F]:
+  """Makes ``frames`` keyword-only, accepting the 0.1 positional spelling for one release.
+
+  In 0.1 the decorated factory took ``frames`` as its positional argument number
+  ``position``. Such a call still works, with a DeprecationWarning. At position 0 the
+  new first positional argument is a name (a string), so a non-string there is the
+  old ``frames``.
+  """
+
+  def wrap(fn: F) -> F:
+    @functools.wraps(fn)
+    def factory(*args: Any, **kwargs: Any) -> Any:
+      if len(args) > position and (position > 0 or not isinstance(args[0], str)):
+        if "frames" in kwargs:
+          raise TypeError(f"stiefax.{fn.__name__} got frames both by position and by keyword.")
+        warnings.warn(_POSITIONAL_FRAMES.format(name=fn.__name__), DeprecationWarning, stacklevel=2)
+        kwargs["frames"] = args[position]
+        args = args[:position] + args[position + 1 :]
+      return fn(*args, **kwargs)
+
+    return factory  # type: ignore[return-value]
+
+  return wrap
+
+
+def check_name(kind: str, name: Any, valid: tuple[str, ...]) -> None:
+  """A ValueError naming the valid choices when ``name`` is not one of them."""
+  if name not in valid:
+    raise ValueError(f"Unknown {kind} {name!r}; valid {kind}s are {valid}.")

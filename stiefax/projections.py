@@ -1,0 +1,208 @@
+"""Stateless frame transforms: the tangent projections and the step cap.
+
+Each is an ``optax.GradientTransformation`` that maps every frame's update by a
+projection: onto the tangent (or horizontal) space at the current point ``W``
+(:func:`stiefel_project`, :func:`grassmann_project`, :func:`canonical_gradient`, which
+read ``params``), or onto the Frobenius ball of radius ``tau sqrt(r)``
+(:func:`step_norm_cap`). They are re-exported by :mod:`stiefax.transforms` and
+:mod:`stiefax`; see :mod:`stiefax.transforms` for the chain they belong to.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from stiefax import _routing
+from stiefax import geometry
+from stiefax._routing import keyword_frames
+from stiefax.frames import FramesLike
+from stiefax.frames import FrameSpec
+from stiefax.frames import checked_frames
+
+__all__ = [
+  "stiefel_project",
+  "grassmann_project",
+  "canonical_gradient",
+  "project",
+  "step_norm_cap",
+]
+
+
+def _projection(
+  name: str, fn: Callable[[jax.Array, jax.Array], jax.Array], frames: FramesLike
+) -> optax.GradientTransformation:
+  def init_fn(params):
+    del params
+    return optax.EmptyState()
+
+  def update_fn(updates, state, params=None):
+    _routing.require_params(name, params)
+
+    def leaf(path, u, w):
+      spec = checked_frames(frames, path, w)
+      cd = _routing.update_dtype(u, w)
+      out = fn(spec.to_frames(w).astype(cd), spec.to_frames(u).astype(cd))
+      return spec.from_frames(out, u.shape).astype(w.dtype)
+
+    return jax.tree_util.tree_map_with_path(leaf, updates, params), state
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+@keyword_frames(0)
+def stiefel_project(*, frames: FramesLike = FrameSpec()) -> optax.GradientTransformation:
+  """Projects each frame's update onto the tangent space (paper eq. 3).
+
+  ``G -> Pi_W(G) = G - W sym(W^T G)``: the Riemannian gradient in the embedded
+  metric, so the chain that follows performs steepest descent on ``St(d, r)``
+  (Proposition 2). Weight decay ``lambda W`` is annihilated (Proposition 8).
+
+  Example:
+    >>> import jax, jax.numpy as jnp, optax, stiefax
+    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 2, 3))
+    >>> g = jax.random.normal(jax.random.key(1), w.shape)
+    >>> xi, _ = stiefax.stiefel_project().update(g, optax.EmptyState(), w)
+    >>> bool(stiefax.diagnostics.tangency_error(w, xi) < 1e-6)
+    True
+
+  Args:
+    frames: how each leaf is viewed as frames (a :class:`FrameSpec` or a callable
+      ``(path, leaf) -> FrameSpec``).
+
+  Returns:
+    An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
+  """
+  return _projection("stiefel_project", geometry.PROJECTIONS["stiefel"].project, frames)
+
+
+@keyword_frames(0)
+def grassmann_project(*, frames: FramesLike = FrameSpec()) -> optax.GradientTransformation:
+  """Projects each frame's update onto the horizontal space ``(I - W W^T) G``.
+
+  The PA16 / B2-SGD projector: besides the normal part it removes the per-frame
+  gauge block ``W W^T G``, which is *not* a symmetry of attention (Proposition 1), so
+  it discards the ``||Pi_{G_W} g||^2`` share of the decrease (Proposition 2, eq. 12).
+
+  Example:
+    >>> import jax, jax.numpy as jnp, optax, stiefax
+    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 2, 3))
+    >>> g = jax.random.normal(jax.random.key(1), w.shape)
+    >>> h, _ = stiefax.grassmann_project().update(g, optax.EmptyState(), w)
+    >>> bool(jnp.max(jnp.abs(jnp.einsum("dhr,dhs->hrs", w, h))) < 1e-6)  # W^T h = 0
+    True
+
+  Args:
+    frames: how each leaf is viewed as frames.
+
+  Returns:
+    An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
+  """
+  return _projection("grassmann_project", geometry.PROJECTIONS["grassmann"].project, frames)
+
+
+@keyword_frames(0)
+def canonical_gradient(*, frames: FramesLike = FrameSpec()) -> optax.GradientTransformation:
+  """Maps each frame's gradient to the canonical-metric gradient ``G - W G^T W`` (eq. 4).
+
+  Used by the B2m-can arm. The result is tangent at ``W``.
+
+  Example:
+    >>> import jax, optax, stiefax
+    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 2, 3))
+    >>> g = jax.random.normal(jax.random.key(1), w.shape)
+    >>> xi, _ = stiefax.canonical_gradient().update(g, optax.EmptyState(), w)
+    >>> bool(stiefax.diagnostics.tangency_error(w, xi) < 1e-6)
+    True
+
+  Args:
+    frames: how each leaf is viewed as frames.
+
+  Returns:
+    An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
+  """
+  return _projection("canonical_gradient", geometry.PROJECTIONS["canonical"].project, frames)
+
+
+@keyword_frames(1)
+def step_norm_cap(
+  max_norm: Any = 0.1, *, frames: FramesLike = FrameSpec()
+) -> optax.GradientTransformation:
+  """Caps each frame's step at Frobenius norm ``tau * sqrt(r)`` (paper section 3.2).
+
+  ``eta -> eta * min(1, tau sqrt(r) / ||eta||_F)`` with ``tau = max_norm`` and ``r``
+  the frame's column count. With the cap the largest principal angle between
+  ``col(W)`` and ``col(W + eta)`` is at most ``arctan(tau sqrt(r))`` (Proposition
+  6(ii)). It does not read ``params``.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, stiefax
+    >>> step = jnp.ones((4, 1, 4))       # one 4 x 4 frame, ||step||_F = 4
+    >>> out, _ = stiefax.step_norm_cap(0.1).update(step, optax.EmptyState())
+    >>> float(jnp.linalg.norm(out))      # capped at 0.1 * sqrt(4)
+    0.2...
+
+  Args:
+    max_norm: ``tau``; a float or a scalar array (traced under
+      ``optax.inject_hyperparams``, so it can follow a schedule there).
+    frames: how each leaf is viewed as frames.
+
+  Returns:
+    An ``optax.GradientTransformation``.
+  """
+
+  def init_fn(params):
+    del params
+    return optax.EmptyState()
+
+  def update_fn(updates, state, params=None):
+    del params
+
+    def leaf(path, u):
+      spec = checked_frames(frames, path, u)
+      cd = jnp.promote_types(geometry.compute_dtype(u.dtype), jnp.float32)
+      eta = spec.to_frames(u).astype(cd)
+      r = eta.shape[-1]
+      norm = jnp.sqrt(geometry.frame_sq_norm(eta))
+      limit = jnp.asarray(max_norm, cd) * math.sqrt(r)
+      return spec.from_frames(
+        eta * _routing.expand(_routing.cap_factor(norm, limit)), u.shape
+      ).astype(u.dtype)
+
+    return jax.tree_util.tree_map_with_path(leaf, updates), state
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def project(
+  projector: str = "stiefel", *, frames: FramesLike = FrameSpec()
+) -> optax.GradientTransformation:
+  """The projection transform called ``projector``: a key of :data:`stiefax.geometry.PROJECTIONS`.
+
+  ``project("stiefel")`` is :func:`stiefel_project`, ``project("grassmann")``
+  :func:`grassmann_project` and ``project("canonical")`` :func:`canonical_gradient`.
+
+  Example:
+    >>> import jax, optax, stiefax
+    >>> from stiefax.projections import project
+    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 2, 3))
+    >>> g = jax.random.normal(jax.random.key(1), w.shape)
+    >>> xi, _ = project("canonical").update(g, optax.EmptyState(), w)
+    >>> bool(stiefax.diagnostics.tangency_error(w, xi) < 1e-6)
+    True
+
+  Args:
+    projector: ``"stiefel"`` (eq. 3), ``"grassmann"`` (horizontal) or ``"canonical"``
+      (eq. 4).
+    frames: how each leaf is viewed as frames.
+
+  Returns:
+    An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
+  """
+  fn = geometry.projection(projector).project
+  return _projection(f"project({projector!r})", fn, frames)
