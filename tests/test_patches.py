@@ -312,11 +312,11 @@ def test_non_frame_init_is_shared_across_arms():
 
   setting = patches.Setting(n_train=8, epochs=1, d=16, heads=4, head_dim=4, mlp_ratio=1)
   model = patches.make_model(setting, 4, 10)
-  init = patches._model(1, 16, 4, 4, 1, 4, 10)[1]  # the jitted init the trainers share
+  init = patches.model.programs(setting, 4, 10).init  # the jitted init the trainers share
   a2 = patches.init_params(model, patches.ARMS["A2"], 0, 4, 16, init)
   b2 = patches.init_params(model, patches.ARMS["B2"], 0, 4, 16, init)
   a2_other = patches.init_params(model, patches.ARMS["A2"], 1, 4, 16, init)
-  frames = set(patches._frame_paths(a2))
+  frames = set(patches.frame_paths(a2))
   assert len(frames) == 2  # query and key kernels
   for i, (x, y, z) in enumerate(zip(*(jax.tree.leaves(t) for t in (a2, b2, a2_other)))):
     if i in frames:
