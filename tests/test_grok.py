@@ -18,6 +18,7 @@ import pytest
 import stiefax
 from stiefax.experiments import cli
 from stiefax.experiments import grok
+from stiefax.experiments.grok import training as grok_training
 
 TINY = grok.GrokConfig(
   modulus=23,
@@ -420,7 +421,7 @@ def _counting_chunks(monkeypatch, interrupt_at=None, exc=None):
   import signal  # pylint: disable=g-import-not-at-top
 
   calls = []
-  programs = grok._programs
+  programs = grok_training.programs
 
   def wrapped(*key):
     init, chunk, evaluate = programs(*key)
@@ -435,7 +436,7 @@ def _counting_chunks(monkeypatch, interrupt_at=None, exc=None):
 
     return init, counted, evaluate
 
-  monkeypatch.setattr(grok, "_programs", wrapped)
+  monkeypatch.setattr(grok_training, "programs", wrapped)
   return calls
 
 

@@ -63,7 +63,7 @@ class Arm:
   name: str
   description: str
   frames: str
-  options: Mapping = dataclasses.field(default_factory=_frozen)
+  options: Mapping = dataclasses.field(default_factory=_frozen, hash=False)
   orthonormal: bool = True
   rate: Optional[float] = None
   grid: tuple[float, ...] = ()

@@ -54,7 +54,6 @@ from stiefax.experiments.patches.model import frame_paths
 from stiefax.experiments.patches.model import init_params
 from stiefax.experiments.patches.model import make_model
 from stiefax.experiments.patches.protocols import run
-from stiefax.experiments.patches.tables import report
 from stiefax.experiments.patches.runs import config_hash
 from stiefax.experiments.patches.runs import run_command
 from stiefax.experiments.patches.runs import run_identity
@@ -69,6 +68,7 @@ from stiefax.experiments.patches.settings import Setting
 from stiefax.experiments.patches.settings import arm_by_name
 from stiefax.experiments.patches.settings import arm_hparams
 from stiefax.experiments.patches.settings import make_optimizer
+from stiefax.experiments.patches.tables import report
 from stiefax.experiments.patches.training import Trainer
 from stiefax.experiments.patches.training import train
 
