@@ -49,7 +49,8 @@ class Arm:
 
   Attributes:
     name: the arm's name on every command line.
-    description: one line.
+    description: one line; ``stiefax patches`` records it in every run's configuration
+      (part of the run's hash), so it stays fixed.
     frames: the frame rule, one of :data:`FRAME_RULES`.
     options: keyword arguments of the frame rule (they override the setting's).
     orthonormal: W_Q, W_K start on St(d, r) (else at the model's default init).

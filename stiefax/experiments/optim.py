@@ -36,9 +36,9 @@ class Hyper:
     adamw_eps: AdamW's eps.
   """
 
-  adamw_lr: Rate
-  frame_lr: Rate
-  weight_decay: float
+  adamw_lr: Rate = 1e-3
+  frame_lr: Rate = 1.0
+  weight_decay: float = 0.0
   b1: float = 0.9
   b2: float = 0.999
   eps: float = 1e-8

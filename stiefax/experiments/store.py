@@ -6,7 +6,10 @@ runs that differ in any setting never share a file. :func:`write_json` writes a 
 file or nothing (a temporary file in the same folder, then a rename), and
 :class:`RunLock` lets one process at a time train a run: it holds an exclusive
 ``fcntl.flock`` on ``<run>.lock``, which the operating system drops when the process
-ends, however it ends, so a killed process never leaves a run locked.
+ends, however it ends, so a killed process never leaves a run locked (:func:`claim`
+waits for it). :func:`finished_run` reads a run back when its file holds the same
+run, else says why not; :func:`move_aside` renames a file that must make room,
+never deleting it. Every experiment command keeps its runs this way.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ def code_version() -> dict:
   import stiefax  # pylint: disable=g-import-not-at-top
 
   root = pathlib.Path(stiefax.__file__).resolve().parent.parent
-  info = {"version": stiefax.__version__, "commit": None, "dirty": None}
+  info: dict[str, Any] = {"version": stiefax.__version__, "commit": None, "dirty": None}
   try:
     git = lambda *a: subprocess.run(
       ["git", "-C", str(root), *a], capture_output=True, text=True, timeout=10, check=True

@@ -13,6 +13,7 @@ import dataclasses
 import pathlib
 import sys
 import time
+from typing import Any
 from typing import Optional
 from typing import Sequence
 
@@ -118,8 +119,8 @@ def _parse_seeds(text: Optional[str], default: Sequence[int]) -> list[int]:
 def resolve_config(args: argparse.Namespace) -> tuple[GrokConfig, list[str], list[int]]:
   """The configuration, arms and seeds that ``args`` ask for (``CommandError`` if bad)."""
   preset = PRESETS[args.preset]
-  config = preset["config"]
-  changes = {}
+  config: GrokConfig = preset["config"]
+  changes: dict[str, Any] = {}
   if args.epochs is not None:
     changes["epochs"] = args.epochs
   if args.eval_every is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 from typing import Optional
 from typing import Sequence
 
@@ -41,13 +42,13 @@ class GrokConfig:
 
 
 PAPER = GrokConfig()
-STABILIZED = dict(b2=0.98, warmup=10)  # Power et al. (2022)
+STABILIZED: dict[str, Any] = dict(b2=0.98, warmup=10)  # Power et al. (2022)
 
 QUICK = dataclasses.replace(
   PAPER, modulus=23, train_fraction=0.7, weight_decay=5.0, **STABILIZED, epochs=800, eval_every=50
 )
 
-PRESETS = {
+PRESETS: dict[str, dict[str, Any]] = {
   "quick": dict(config=QUICK, arms=("A2", "B2"), seeds=(0,)),
   "paper": dict(config=PAPER, arms=("A2", "B2"), seeds=(0,)),
 }

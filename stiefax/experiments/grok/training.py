@@ -43,8 +43,8 @@ __all__ = [
 def make_data(config: GrokConfig, seed: int) -> dict:
   """All ``p^2`` sequences ``(a, b, =)`` and labels, split by ``seed``."""
   p = config.modulus
-  a, b = np.meshgrid(np.arange(p), np.arange(p), indexing="ij")
-  a, b = a.ravel(), b.ravel()
+  grid_a, grid_b = np.meshgrid(np.arange(p), np.arange(p), indexing="ij")
+  a, b = grid_a.ravel(), grid_b.ravel()
   x = np.stack([a, b, np.full_like(a, p)], axis=1).astype(np.int32)
   y = ((a + b) % p).astype(np.int32)
   n_train = round(config.train_fraction * p * p)
@@ -351,7 +351,7 @@ def train_seeds(
   params = [init_params(config, arm, s) for s in seeds]
   opt_init, train_chunk, evaluate = programs(config, arm, vmap)
   opt_state = [opt_init(p) for p in params]
-  histories = [
+  histories: list[dict[str, list]] = [
     {k: [] for k in ("epoch", "train_acc", "test_acc", "train_loss", "isometry", "isometry_key")}
     for _ in seeds
   ]
@@ -366,19 +366,20 @@ def train_seeds(
     return {k: v[0] if vmap else v for k, v in ev.items()}
 
   epoch, earlier_wall, resumed_from = 0, [0.0] * n, None
-  latest = {checkpoints[i].latest_epoch() for i in range(n)} if checkpoints else {None}
-  if len(latest) > 1:
+  ckpts: Sequence[Checkpoints] = checkpoints or ()
+  reached = {c.latest_epoch() for c in ckpts} or {None}
+  if len(reached) > 1:
     raise CommandError(
       f"{arm_name} seeds {seeds}: checkpoints at different epochs"
-      f" {sorted(latest, key=str)}; train them in separate commands."
+      f" {sorted(reached, key=str)}; train them in separate commands."
     )
-  latest = latest.pop()
+  latest = reached.pop()
   if latest is not None:
     for i, s in enumerate(seeds):
-      params[i], opt_state[i], meta = checkpoints[i].restore(latest, params[i], opt_state[i])
+      params[i], opt_state[i], meta = ckpts[i].restore(latest, params[i], opt_state[i])
       if meta.get("seed") != s or meta.get("epoch") != latest:
         raise CommandError(
-          f"checkpoint {checkpoints[i].directory} holds seed {meta.get('seed')} at epoch"
+          f"checkpoint {ckpts[i].directory} holds seed {meta.get('seed')} at epoch"
           f" {meta.get('epoch')}, not seed {s} at {latest}; move it away to train this"
           " run afresh."
         )
@@ -400,7 +401,7 @@ def train_seeds(
   def save():
     per_seed = zip(unstack(params, n), unstack(opt_state, n)) if vmap else [(params, opt_state)]
     for i, (p, o) in enumerate(per_seed):
-      checkpoints[i].save(
+      ckpts[i].save(
         epoch,
         p,
         o,
@@ -430,14 +431,14 @@ def train_seeds(
       )
       bar.update(config.eval_every)
       if (
-        checkpoints
+        ckpts
         and epoch < config.epochs
         and (stop.requested or (checkpoint_every and epoch % checkpoint_every == 0))
       ):
         save()
       if stop.requested and epoch < config.epochs:
         bar.close()
-        where = f"; checkpoint at epoch {epoch}" if checkpoints else ""
+        where = f"; checkpoint at epoch {epoch}" if ckpts else ""
         print(
           f"stiefax grok: stopped {desc} at epoch {epoch}{where}; the same command resumes it",
           file=sys.stderr,
@@ -445,7 +446,7 @@ def train_seeds(
         )
         raise KeyboardInterrupt
   bar.close()
-  for c in checkpoints or ():
+  for c in ckpts:
     c.close()
   wall = time.perf_counter() - start
   per_seed = unstack(params, n) if vmap else [params]

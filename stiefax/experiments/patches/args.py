@@ -23,7 +23,7 @@ def floats(text: str, flag: str) -> list[float]:
 
 def ints(text: str, flag: str) -> list[int]:
   """Comma-separated distinct integers or ranges such as ``0-11``."""
-  out = []
+  out: list[int] = []
   try:
     for t in text.split(","):
       t = t.strip()
@@ -47,7 +47,7 @@ def ints(text: str, flag: str) -> list[int]:
 
 def arm_map(text: Optional[str], flag: str, sep: str = ",") -> dict:
   """``"B2=1.0,A2=0.01"`` -> ``{"B2": "1.0", ...}`` with arm names resolved."""
-  out = {}
+  out: dict[str, str] = {}
   if not text:
     return out
   for item in text.split(sep):

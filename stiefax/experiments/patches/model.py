@@ -83,8 +83,12 @@ def _programs(
       return nn.Dense(num_classes, kernel_init=xavier, name="classifier")(jnp.mean(h, axis=1))
 
   model = PatchEncoder()
-  predict = jax.jit(lambda params, x: jnp.argmax(model.apply(params, x), axis=-1))
-  return Programs(model, jax.jit(model.init), predict)
+
+  def predict(params: Any, x: Any) -> Any:
+    logits: Any = model.apply(params, x)
+    return jnp.argmax(logits, axis=-1)
+
+  return Programs(model, jax.jit(model.init), jax.jit(predict))
 
 
 @functools.lru_cache(maxsize=1)

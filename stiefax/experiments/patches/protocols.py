@@ -266,7 +266,7 @@ def _protocol_run(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int]) -> li
   epochs = a.epochs or (100 if n_train >= 50_000 else 40)
   knobs = _knobs(ctx)
   setting = make_setting(a, dflt, n_train, epochs)
-  out = []
+  out: list[dict] = []
   if a.select_lr:
     pool = ctx.images.train_x.shape[0]
     n_val = a.n_val if a.n_val is not None else min(5000, pool - n_train)
@@ -303,7 +303,7 @@ def _protocol_sweep_n(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int]) -
     raise CommandError("sweep-n sets the epochs from --budget (steps per run); drop --epochs")
   ns = args_lib.ints(a.ns, "--ns") if a.ns else ctx.defaults["ns"]
   knobs = _knobs(ctx)
-  out = []
+  out: list[dict] = []
   for n in ns:
     spe = math.ceil(n / a.batch_size)
     epochs = max(1, a.budget // spe)
@@ -330,7 +330,7 @@ def _protocol_sweep_eps(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int])
   epochs = a.epochs or (100 if n_train >= 50_000 else 40)
   knobs = _knobs(ctx)
   data = _data(ctx, n_train, 0)
-  out = []
+  out: list[dict] = []
   for eps in values:
     setting = make_setting(a, ctx.defaults, n_train, epochs, eps=eps)
     print(f"sweep-eps: eps={eps:g}", flush=True)

@@ -248,7 +248,8 @@ def _report_sweep_n(runs: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
   for r in runs:
     by_n.setdefault(r["config"]["n_train"], {}).setdefault(r["arm"], []).append(r)
   arms = _arm_order({r["arm"] for r in runs})
-  rows, curves = [], {a: [] for a in arms}
+  rows: list[list[str]] = []
+  curves: dict[str, list] = {a: [] for a in arms}
   for n in sorted(by_n):
     cfg = next(iter(by_n[n].values()))[0]["config"]
     base = _by_seed(by_n[n].get("A2", []), "test_acc")
@@ -321,7 +322,7 @@ def _report_select(runs: Sequence[dict]) -> list[str]:
   rows = []
   for arm in _arm_order(by_arm):
     scores = {k: float(np.mean(v)) for k, v in by_arm[arm].items()}
-    best = max(scores, key=scores.get)
+    best = max(scores, key=scores.__getitem__)
     rows.append(
       [
         arm,
