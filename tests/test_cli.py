@@ -105,3 +105,18 @@ def test_report_errors(capsys, tmp_path):
 # ----------------------------------------------------------------------------
 # The acceptance command on the paper's model.
 # ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+  "command,text",
+  [
+    ("grok", "Modular-arithmetic grokking, c = (a + b) mod 97"),
+    ("patches", "Image-patch benchmark (paper sections 3.3, 4.1, 4.2, 4.5-4.7)."),
+  ],
+)
+def test_command_help_describes_the_experiment(command, text, capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main([command, "--help"])
+  assert exit_info.value.code == 0
+  out = capsys.readouterr().out
+  assert text in out and "--arms" in out

@@ -38,7 +38,9 @@ __all__ = ["add_arguments", "resolve_config", "checkpoint_interval", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-  parser.description = __doc__
+  from stiefax.experiments import grok  # pylint: disable=g-import-not-at-top
+
+  parser.description = grok.__doc__
   parser.formatter_class = argparse.RawDescriptionHelpFormatter
   parser.add_argument(
     "--preset",
