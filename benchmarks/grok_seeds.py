@@ -34,10 +34,10 @@ def main():
   datas = [{k: jax.numpy.asarray(v) for k, v in grok.make_data(config, s).items()} for s in seeds]
   params = [grok.init_params(config, arm, s) for s in seeds]
   # Not donated: the same buffers serve every timed call.
-  init, chunk, _ = grok._programs(config, arm, False, False)  # pylint: disable=protected-access
-  _, vchunk, _ = grok._programs(config, arm, True, False)  # pylint: disable=protected-access
+  init, chunk, _ = grok.programs(config, arm, False, False)
+  _, vchunk, _ = grok.programs(config, arm, True, False)
   states = [init(p) for p in params]
-  stacked = (grok._stack(params), grok._stack(states), grok._stack(datas))  # pylint: disable=protected-access
+  stacked = (grok.stack(params), grok.stack(states), grok.stack(datas))
 
   def separate(ps, ss, ds):
     return [chunk(p, s, d) for p, s, d in zip(ps, ss, ds)]

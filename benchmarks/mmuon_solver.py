@@ -99,7 +99,7 @@ def in_training():
   print("digits B2-mmuon (default 10 warm-started iterations): gap after each 10th epoch")
   for ep in range(setting.epochs):
     idx, wts = trainer.batches(rng, data.train_x.shape[0])
-    params, state, _ = trainer._epoch(params, state, xs, ys, jnp.asarray(idx), jnp.asarray(wts))
+    params, state, _ = trainer.epoch(params, state, xs, ys, jnp.asarray(idx), jnp.asarray(wts))
     if (ep + 1) % 10 == 0:
       gaps = np.concatenate(
         [

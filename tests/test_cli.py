@@ -1,4 +1,8 @@
-"""The ``stiefax`` command itself: its version flag."""
+"""The ``stiefax`` command line: the version flag and argument errors of every command.
+
+A bad argument is one line on stderr (``stiefax <command>: error: ...``), exit status 2,
+nothing trained or written.
+"""
 
 import os
 import pathlib
@@ -9,6 +13,8 @@ import pytest
 
 import stiefax
 from stiefax.experiments import cli
+from stiefax.experiments import grok
+from tests import harness
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -33,3 +39,84 @@ def test_version_flag_from_the_command_line():
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.strip() == f"stiefax {stiefax.__version__}"
   assert stiefax.__version__.count(".") == 2
+
+
+@pytest.fixture
+def tiny_preset(monkeypatch):
+  monkeypatch.setitem(
+    grok.PRESETS, "tiny", dict(config=harness.TINY_GROK, arms=("A2", "B2"), seeds=(0,))
+  )
+  return "tiny"
+
+
+@pytest.mark.parametrize(
+  "argv,message",
+  [
+    (["--data", "/nonexistent/cifar"], "no such file"),
+    (["--arms", "A2,C9"], "unknown arm 'C9'"),
+    (["--heads", "4", "--head-dim", "8"], "exceeds --d 16"),
+    (["--seeds", "a,b"], "--seeds"),
+    (["--n-train", "1297", "--select-lr"], "needs validation images"),
+    (["--batch-size", "0"], "--batch-size must be > 0"),
+    (["--lr", "B2"], "ARM=VALUE"),
+    (["sweep-eps", "--arms", "A2"], "sweep-eps varies"),
+    (["sweep-n", "--epochs", "3"], "drop --epochs"),
+  ],
+)
+def test_patches_bad_arguments_exit_2_with_one_line(argv, message, tmp_path, capsys):
+  code = cli.main(["patches", *argv, "--out", str(tmp_path), "--cache", str(tmp_path)])
+  err = capsys.readouterr().err.strip()
+  assert code == 2
+  assert message in err and err.startswith("stiefax patches: error:") and "\n" not in err
+
+
+@pytest.mark.parametrize(
+  "argv,match",
+  [
+    (["grok", "--arms", "A2,Z9"], "unknown arm(s) Z9"),
+    (["grok", "--arms", ","], "names no arm"),
+    (["grok", "--seeds", ""], "is empty"),
+    (["grok", "--seeds", "0,x"], "comma-separated integers"),
+    (["grok", "--seeds", "-1"], "non-negative"),
+    (["grok", "--epochs", "30", "--eval-every", "20"], "not a multiple"),
+    (["grok", "--epochs", "0"], "positive integer"),
+    (["grok", "--eval-every", "0"], "positive integer"),
+  ],
+)
+def test_grok_bad_arguments_are_one_line_errors(capsys, tmp_path, argv, match):
+  harness.one_line_error(capsys, argv + ["--out", str(tmp_path / "o")], match)
+  assert not (tmp_path / "o").exists()  # nothing trained or written
+
+
+def test_grok_unwritable_out_is_a_one_line_error(capsys, tmp_path, tiny_preset):
+  blocker = tmp_path / "file"
+  blocker.write_text("")
+  harness.one_line_error(
+    capsys, ["grok", "--preset", tiny_preset, "--out", str(blocker / "sub")], "cannot write there"
+  )
+
+
+def test_report_errors(capsys, tmp_path):
+  harness.one_line_error(capsys, ["report", str(tmp_path / "missing")], "no such directory")
+  (tmp_path / "empty").mkdir()
+  harness.one_line_error(capsys, ["report", str(tmp_path / "empty")], "no runs found")
+
+
+# ----------------------------------------------------------------------------
+# The acceptance command on the paper's model.
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+  "command,text",
+  [
+    ("grok", "Modular-arithmetic grokking, c = (a + b) mod 97"),
+    ("patches", "Image-patch benchmark (paper sections 3.3, 4.1, 4.2, 4.5-4.7)."),
+  ],
+)
+def test_command_help_describes_the_experiment(command, text, capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main([command, "--help"])
+  assert exit_info.value.code == 0
+  out = capsys.readouterr().out
+  assert text in out and "--arms" in out

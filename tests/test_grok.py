@@ -18,18 +18,10 @@ import pytest
 import stiefax
 from stiefax.experiments import cli
 from stiefax.experiments import grok
+from stiefax.experiments.grok import training as grok_training
+from tests import harness
 
-TINY = grok.GrokConfig(
-  modulus=23,
-  d_model=32,
-  num_heads=2,
-  head_dim=8,
-  num_layers=1,
-  readout_hidden=32,
-  learning_rate=1e-2,
-  epochs=80,
-  eval_every=20,
-)
+TINY = harness.TINY_GROK
 
 
 @pytest.fixture
@@ -420,7 +412,7 @@ def _counting_chunks(monkeypatch, interrupt_at=None, exc=None):
   import signal  # pylint: disable=g-import-not-at-top
 
   calls = []
-  programs = grok._programs
+  programs = grok_training.programs
 
   def wrapped(*key):
     init, chunk, evaluate = programs(*key)
@@ -435,7 +427,7 @@ def _counting_chunks(monkeypatch, interrupt_at=None, exc=None):
 
     return init, counted, evaluate
 
-  monkeypatch.setattr(grok, "_programs", wrapped)
+  monkeypatch.setattr(grok_training, "programs", wrapped)
   return calls
 
 
@@ -573,8 +565,8 @@ def test_every_setting_changes_the_file_name():
 _SCRIPT = """
 import sys
 from stiefax.experiments import cli, grok
-from tests.test_grok import TINY
-grok.PRESETS["tiny"] = dict(config=TINY, arms=("A2", "B2"), seeds=(0,))
+from tests.harness import TINY_GROK
+grok.PRESETS["tiny"] = dict(config=TINY_GROK, arms=("A2", "B2"), seeds=(0,))
 sys.exit(cli.main(sys.argv[1:]))
 """
 
@@ -641,97 +633,6 @@ def test_two_processes_on_one_out_keep_every_run(tmp_path):
   for log in logs:  # both summaries list every run
     rows = [ln.split()[:2] for ln in log.splitlines() if re.match(r"A2 +\d+ ", ln)]
     assert sorted(rows) == [["A2", str(s)] for s in range(4)], log
-
-
-def test_run_lock_is_exclusive_and_dies_with_its_process(tmp_path):
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-
-  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
-
-  path = tmp_path / "run.lock"
-  a, b = store.RunLock(path), store.RunLock(path)
-  assert a.acquire() and not b.acquire()
-  assert a.holder()["pid"] == __import__("os").getpid()
-  a.release()
-  assert not path.exists() and b.acquire()
-  b.release()
-  # A process that holds the lock and is killed leaves it free.
-  code = (
-    "import fcntl, os, sys, time\n"
-    "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
-    "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(60)\n"
-  )
-  proc = subprocess.Popen(
-    [sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True
-  )
-  assert proc.stdout.readline().strip() == "held"
-  assert not a.acquire()
-  proc.kill()
-  proc.wait()
-  assert a.acquire()
-  a.release()
-
-
-def test_write_json_is_atomic_and_never_overwrites(tmp_path):
-  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
-
-  path = tmp_path / "r.json"
-  store.write_json(path, {"a": 1})
-  with pytest.raises(FileExistsError):
-    store.write_json(path, {"a": 2})
-  assert json.loads(path.read_text()) == {"a": 1}
-  store.write_json(path, {"a": 3}, overwrite=True)
-  assert json.loads(path.read_text()) == {"a": 3}
-  assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary files left
-  assert store.digest({"b": [1, 2], "a": 0.5}) == store.digest({"a": 0.5, "b": (1, 2)})
-  assert store.digest({"a": 1}) != store.digest({"a": 2})
-
-
-def _one_line_error(capsys, argv, match):
-  rc = cli.main(argv)
-  err = capsys.readouterr().err.strip()
-  assert rc == 2, err
-  assert len(err.splitlines()) == 1 and "Traceback" not in err
-  assert match in err
-  return err
-
-
-@pytest.mark.parametrize(
-  "argv,match",
-  [
-    (["grok", "--arms", "A2,Z9"], "unknown arm(s) Z9"),
-    (["grok", "--arms", ","], "names no arm"),
-    (["grok", "--seeds", ""], "is empty"),
-    (["grok", "--seeds", "0,x"], "comma-separated integers"),
-    (["grok", "--seeds", "-1"], "non-negative"),
-    (["grok", "--epochs", "30", "--eval-every", "20"], "not a multiple"),
-    (["grok", "--epochs", "0"], "positive integer"),
-    (["grok", "--eval-every", "0"], "positive integer"),
-  ],
-)
-def test_bad_arguments_are_one_line_errors(capsys, tmp_path, argv, match):
-  _one_line_error(capsys, argv + ["--out", str(tmp_path / "o")], match)
-  assert not (tmp_path / "o").exists()  # nothing trained or written
-
-
-def test_unwritable_out_is_a_one_line_error(capsys, tmp_path, tiny_preset):
-  blocker = tmp_path / "file"
-  blocker.write_text("")
-  _one_line_error(
-    capsys, ["grok", "--preset", tiny_preset, "--out", str(blocker / "sub")], "cannot write there"
-  )
-
-
-def test_report_errors(capsys, tmp_path):
-  _one_line_error(capsys, ["report", str(tmp_path / "missing")], "no such directory")
-  (tmp_path / "empty").mkdir()
-  _one_line_error(capsys, ["report", str(tmp_path / "empty")], "no runs found")
-
-
-# ----------------------------------------------------------------------------
-# The acceptance command on the paper's model.
-# ----------------------------------------------------------------------------
 
 
 def test_quick_preset_keeps_the_paper_model_family():

@@ -46,6 +46,32 @@ def writable_dir(path, what: str) -> pathlib.Path:
   return out
 
 
+def progress_bar(
+  total: int,
+  *,
+  desc: str = "",
+  unit: str = "it",
+  enabled: bool = True,
+  initial: int = 0,
+  leave: bool = False,
+):
+  """The commands' progress bar (``tqdm``, on stderr): advance it with ``update(n)``.
+
+  ``enabled=False`` gives a bar that prints nothing (``--no-progress``).
+  """
+  from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
+
+  return tqdm(
+    total=total,
+    initial=initial,
+    desc=desc,
+    unit=unit,
+    disable=not enabled,
+    leave=leave,
+    file=sys.stderr,
+  )
+
+
 def _available() -> dict:
   out = {}
   for name, (module, help_) in COMMANDS.items():

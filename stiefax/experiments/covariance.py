@@ -21,11 +21,13 @@ the other parameters (docs/covariance.md).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
 from typing import Any
 from typing import Callable
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -34,19 +36,32 @@ import optax
 
 import stiefax
 from stiefax import covariance as cov
+from stiefax.experiments import optim
+from stiefax.experiments.arms import ARMS
 from stiefax.experiments.cli import CommandError
 
 #: name -> (label, factory). Adam-type rules use eps = 0 so that loss scaling is exact.
 OPTIMIZERS: dict[str, tuple[str, Callable[[], optax.GradientTransformation]]] = {
-  "adamw": ("optax.adamw(1e-2, wd 0.1)", lambda: optax.adamw(1e-2, eps=0.0, weight_decay=0.1)),
+  "adamw": (
+    "optax.adamw(1e-2, wd 0.1)",
+    lambda: optim.make_optimizer(
+      ARMS["A2"], optim.Hyper(adamw_lr=1e-2, weight_decay=0.1, adamw_eps=0.0)
+    ),
+  ),
   "adam": ("optax.adam(1e-2)", lambda: optax.adam(1e-2, eps=0.0)),
   "sgd": ("optax.sgd(1e-2)", lambda: optax.sgd(1e-2)),
-  "radam": ("riemannian_adam (B2)", lambda: stiefax.riemannian_adam(eps=0.0)),
+  "radam": (
+    "riemannian_adam (B2)",
+    lambda: optim.frame_rule(ARMS["B2"], optim.Hyper(frame_lr=1.0, eps=0.0)),
+  ),
   "radam-elementwise": (
     "riemannian_adam elementwise",
-    lambda: stiefax.riemannian_adam(0.03, eps=0.0, moment="elementwise"),
+    lambda: optim.frame_rule(ARMS["elementwise"], optim.Hyper(frame_lr=0.03, eps=0.0)),
   ),
-  "rsgd": ("riemannian_sgd (PA16)", lambda: stiefax.riemannian_sgd()),
+  "rsgd": (
+    "riemannian_sgd (PA16)",
+    lambda: optim.frame_rule(ARMS["B2-SGD"], optim.Hyper(frame_lr=0.02)),
+  ),
   "hyperball": ("hyperball_adam", lambda: stiefax.hyperball_adam(eps=0.0)),
 }
 
@@ -120,8 +135,8 @@ def _random_orthogonal(rng: np.random.Generator, shape) -> np.ndarray:
 
 def make_problem(name: str, heads: int, d: int, r: int, rng: np.random.Generator):
   """``(loss_fn, theta_0)`` for a problem on a ``(d, heads, r)`` kernel of frames."""
-  a = rng.standard_normal((d, d))
-  a = jnp.asarray((a + a.T) / 2)
+  g = rng.standard_normal((d, d))
+  a = jnp.asarray((g + g.T) / 2)
   n = jnp.asarray(np.arange(r, 0, -1, dtype=np.float64) / r)
   w0 = jnp.asarray(np.transpose(_random_orthogonal(rng, (heads, d, r)), (1, 0, 2)))
 
@@ -171,7 +186,7 @@ def covariance_table(args, optimizers, actions, problems) -> dict[str, Any]:
       }
       table = {}
       for opt in optimizers:
-        row = {}
+        row: dict[str, Optional[float]] = {}
         for a in actions:
           if a == "rescale" and opt in STIEFEL_OPTIMIZERS:
             row[a] = None  # c W leaves St(d, r): no rescaled counterpart.
@@ -252,7 +267,8 @@ def elr_trace(
   model = Toy()
   kx, kt, ks, kn = jax.random.split(jax.random.key(seed), 4)
   x = jax.random.normal(kx, (n, 8, 16))
-  y = model.apply(model.init(kt, x[:1]), x) + noise * jax.random.normal(kn, x.shape)
+  clean: Any = model.apply(model.init(kt, x[:1]), x)
+  y = clean + noise * jax.random.normal(kn, x.shape)
   params0 = stiefax.flax.project_params(model.init(ks, x[:1]), stiefax.flax.qk_labels)
   labels = stiefax.flax.qk_labels(params0)
   frames = stiefax.FrameSpec()
@@ -272,15 +288,11 @@ def elr_trace(
       jnp.stack([jnp.mean(jnp.sqrt(jnp.sum(w * w, axis=(-2, -1)) / w.shape[-1])) for w in ws])
     )
 
-  adamw = optax.adamw(
-    1e-2, weight_decay=0.05, mask=lambda p: jax.tree.map(lambda a: a.ndim >= 2, p)
-  )
+  hyper = optim.Hyper(adamw_lr=1e-2, frame_lr=1.0, weight_decay=0.05, max_norm=tau)
   arms = {
-    "B2": stiefax.stiefel_adamw(1e-2, weight_decay=0.05),
-    "B2 lr_R=10": stiefax.stiefel_adamw(
-      1e-2, weight_decay=0.05, stiefel=stiefax.riemannian_adam(10.0, max_norm=tau)
-    ),
-    "AdamW": adamw,
+    "B2": optim.make_optimizer(ARMS["B2"], hyper),
+    "B2 lr_R=10": optim.make_optimizer(ARMS["B2"], dataclasses.replace(hyper, frame_lr=10.0)),
+    "AdamW": optim.make_optimizer(ARMS["A2"], hyper),
   }
   out: dict[str, Any] = {"steps": list(range(1, steps + 1)), "tau": tau, "arms": {}}
   for arm, tx in arms.items():

@@ -15,8 +15,9 @@ import argparse
 import jax
 import optax
 
-import stiefax
 from stiefax.diagnostics import equivariance_violation
+from stiefax.experiments import optim
+from stiefax.experiments.arms import ARMS
 from stiefax.experiments.cli import CommandError
 
 #: Violations below this are float64 rounding: the update is equivariant.
@@ -41,13 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def optimizers(args: argparse.Namespace) -> list[tuple[str, optax.GradientTransformation]]:
   """The rows of Table 9: (name, transform)."""
   return [
-    ("AdamW (decay 0)", optax.adamw(args.adamw_lr, weight_decay=0.0)),
+    ("AdamW (decay 0)", optim.make_optimizer(ARMS["A2"], optim.Hyper(adamw_lr=args.adamw_lr))),
     (
       "Riemannian Adam, elementwise v",
-      stiefax.riemannian_adam(args.naive_lr, moment="elementwise"),
+      optim.frame_rule(ARMS["elementwise"], optim.Hyper(frame_lr=args.naive_lr)),
     ),
-    ("Riemannian Adam, scalar v (B2)", stiefax.riemannian_adam(args.lr)),
-    ("Riemannian SGD (PA16)", stiefax.riemannian_sgd(args.sgd_lr)),
+    ("Riemannian Adam, scalar v (B2)", optim.frame_rule(ARMS["B2"], optim.Hyper(frame_lr=args.lr))),
+    ("Riemannian SGD (PA16)", optim.frame_rule(ARMS["B2-SGD"], optim.Hyper(frame_lr=args.sgd_lr))),
   ]
 
 

@@ -96,9 +96,23 @@ def load_runs(directory: pathlib.Path) -> tuple[dict, list[str]]:
   return groups, warnings
 
 
+# Modules of the package that are not experiments (they have no runs to report).
+_NOT_EXPERIMENTS = (
+  "arms",
+  "cli",
+  "optim",
+  "patch_data",
+  "patch_images",
+  "report",
+  "reporting",
+  "stats",
+  "store",
+)
+
+
 def _module(experiment: str):
   """The module ``stiefax.experiments.<experiment>``, or None."""
-  if not experiment.isidentifier() or experiment in ("cli", "report", "stats", "store"):
+  if not experiment.isidentifier() or experiment in _NOT_EXPERIMENTS:
     return None
   try:
     return importlib.import_module(f"stiefax.experiments.{experiment}")

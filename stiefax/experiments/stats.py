@@ -7,9 +7,9 @@ seed (paper sections 4.5-4.7).
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
 
 import numpy as np
+import numpy.typing as npt
 from scipy import stats as sps
 
 __all__ = ["Paired", "paired", "bootstrap_ci", "summarize"]
@@ -31,19 +31,19 @@ class Paired:
 
 
 def bootstrap_ci(
-  x: Sequence[float], *, resamples: int = 20_000, level: float = 0.95, seed: int = 0
+  x: npt.ArrayLike, *, resamples: int = 20_000, level: float = 0.95, seed: int = 0
 ) -> tuple[float, float]:
   """Percentile bootstrap interval of the mean of ``x`` (``resamples`` resamples).
 
   Uses ``scipy.stats.bootstrap``; a single value gives ``(x, x)``.
   """
-  x = np.asarray(x, np.float64)
-  if x.size == 0:
+  v = np.asarray(x, np.float64)
+  if v.size == 0:
     return (float("nan"), float("nan"))
-  if x.size == 1 or np.all(x == x[0]):
-    return (float(x[0]), float(x[0]))
+  if v.size == 1 or np.all(v == v[0]):
+    return (float(v[0]), float(v[0]))
   res = sps.bootstrap(
-    (x,),
+    (v,),
     np.mean,
     n_resamples=resamples,
     confidence_level=level,
@@ -53,18 +53,18 @@ def bootstrap_ci(
   return (float(res.confidence_interval.low), float(res.confidence_interval.high))
 
 
-def paired(a: Sequence[float], b: Sequence[float], *, resamples: int = 20_000) -> Paired:
+def paired(a: npt.ArrayLike, b: npt.ArrayLike, *, resamples: int = 20_000) -> Paired:
   """Compares ``b`` to ``a`` seed by seed (``a[i]`` and ``b[i]`` share seed ``i``)."""
-  a = np.asarray(a, np.float64)
-  b = np.asarray(b, np.float64)
-  if a.shape != b.shape:
-    raise ValueError(f"paired: a has {a.size} seeds, b has {b.size}; they must match.")
-  d = b - a
+  va = np.asarray(a, np.float64)
+  vb = np.asarray(b, np.float64)
+  if va.shape != vb.shape:
+    raise ValueError(f"paired: a has {va.size} seeds, b has {vb.size}; they must match.")
+  d = vb - va
   n = int(d.size)
   std = float(np.std(d, ddof=1)) if n > 1 else float("nan")
   # Differences equal up to rounding have no spread: no t statistic, not t ~ 1e15.
   if n > 1 and std > 1e-12 * max(1.0, float(np.max(np.abs(d)))):
-    res = sps.ttest_rel(b, a)
+    res = sps.ttest_rel(vb, va)
     t, p = float(res.statistic), float(res.pvalue)
   else:
     t = p = float("nan")
@@ -82,10 +82,10 @@ def paired(a: Sequence[float], b: Sequence[float], *, resamples: int = 20_000) -
   )
 
 
-def summarize(x: Sequence[float], ddof: int = 1) -> tuple[float, float]:
+def summarize(x: npt.ArrayLike, ddof: int = 1) -> tuple[float, float]:
   """``(mean, std)`` with the given ``ddof`` (std is 0 for a single value)."""
-  x = np.asarray(x, np.float64)
-  if x.size == 0:
+  v = np.asarray(x, np.float64)
+  if v.size == 0:
     return (float("nan"), float("nan"))
-  std = float(np.std(x, ddof=ddof)) if x.size > ddof else 0.0
-  return float(np.mean(x)), std
+  std = float(np.std(v, ddof=ddof)) if v.size > ddof else 0.0
+  return float(np.mean(v)), std

@@ -6,7 +6,10 @@ runs that differ in any setting never share a file. :func:`write_json` writes a 
 file or nothing (a temporary file in the same folder, then a rename), and
 :class:`RunLock` lets one process at a time train a run: it holds an exclusive
 ``fcntl.flock`` on ``<run>.lock``, which the operating system drops when the process
-ends, however it ends, so a killed process never leaves a run locked.
+ends, however it ends, so a killed process never leaves a run locked (:func:`claim`
+waits for it). :func:`finished_run` reads a run back when its file holds the same
+run, else says why not; :func:`move_aside` renames a file that must make room,
+never deleting it. Every experiment command keeps its runs this way.
 """
 
 from __future__ import annotations
@@ -22,9 +25,21 @@ import subprocess
 import tempfile
 import time
 from typing import Any
+from typing import Callable
 from typing import Optional
 
-__all__ = ["digest", "code_version", "write_json", "read_json", "RunLock"]
+__all__ = [
+  "canonical",
+  "digest",
+  "run_file_name",
+  "code_version",
+  "write_json",
+  "read_json",
+  "finished_run",
+  "move_aside",
+  "claim",
+  "RunLock",
+]
 
 
 def canonical(obj: Any) -> str:
@@ -37,12 +52,17 @@ def digest(obj: Any) -> str:
   return hashlib.sha256(canonical(obj).encode()).hexdigest()[:8]
 
 
+def run_file_name(stem: str, identity: Any, seed: int) -> str:
+  """``<stem>-<digest(identity)>-s<seed>.json``: the file name of one run."""
+  return f"{stem}-{digest(identity)}-s{seed}.json"
+
+
 def code_version() -> dict:
   """``{"version", "commit", "dirty"}`` of the stiefax source this process runs."""
   import stiefax  # pylint: disable=g-import-not-at-top
 
   root = pathlib.Path(stiefax.__file__).resolve().parent.parent
-  info = {"version": stiefax.__version__, "commit": None, "dirty": None}
+  info: dict[str, Any] = {"version": stiefax.__version__, "commit": None, "dirty": None}
   try:
     git = lambda *a: subprocess.run(
       ["git", "-C", str(root), *a], capture_output=True, text=True, timeout=10, check=True
@@ -95,6 +115,45 @@ def read_json(path: pathlib.Path) -> tuple[Optional[Any], Optional[str]]:
   except (OSError, UnicodeDecodeError, ValueError) as e:
     text = " ".join(str(e).split())
     return None, text[:117] + "..." if len(text) > 120 else text
+
+
+def finished_run(path: pathlib.Path, same: Callable[[Any], bool]) -> tuple[Optional[dict], str]:
+  """``(run, "")`` if ``path`` holds a finished run for which ``same(run)`` is true.
+
+  Else ``(None, reason)``: ``""`` when there is no file, otherwise why the file there
+  is not this run (unreadable, another configuration, a missing field).
+  """
+  path = pathlib.Path(path)
+  if not path.is_file():
+    return None, ""
+  run, problem = read_json(path)
+  if problem is not None:
+    return None, f"not readable JSON ({problem})"
+  try:
+    if isinstance(run, dict) and same(run):
+      return run, ""
+    return None, "it holds another configuration"
+  except (KeyError, TypeError, AttributeError) as e:
+    return None, f"it lacks the field {e}"
+
+
+def move_aside(path: pathlib.Path, tag: str = "bad") -> pathlib.Path:
+  """Renames ``path`` to ``<name>.<tag>-<time>-<pid>`` in its folder (never deletes it)."""
+  path = pathlib.Path(path)
+  aside = path.with_name(f"{path.name}.{tag}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+  os.replace(path, aside)
+  return aside
+
+
+def claim(lock: RunLock, poll: float = 2.0, on_wait: Optional[Callable[[dict], None]] = None):
+  """Blocks until ``lock`` is acquired; ``on_wait(holder)`` once if it must wait."""
+  told = False
+  while not lock.acquire():
+    if not told and on_wait is not None:
+      on_wait(lock.holder() or {})
+    told = True
+    time.sleep(poll)
+  return lock
 
 
 class RunLock:

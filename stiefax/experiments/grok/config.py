@@ -1,0 +1,186 @@
+"""The grokking configuration: presets, the arms offered, and the paper's metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+from typing import Optional
+from typing import Sequence
+
+import numpy as np
+
+from stiefax.experiments import arms
+from stiefax.experiments.arms import Arm
+
+
+@dataclasses.dataclass(frozen=True)
+class GrokConfig:
+  """Everything that defines a grokking run except the arm and the seed."""
+
+  modulus: int = 97  # p: c = (a + b) mod p; the vocabulary is p + 1 (the "=" token)
+  train_fraction: float = 0.4  # share of the p^2 pairs used as the full training batch
+  d_model: int = 128
+  num_heads: int = 4
+  head_dim: int = 32  # r: each head's W_Q, W_K is a frame in St(d_model, head_dim)
+  num_layers: int = 2
+  ffn_mult: int = 4
+  readout_hidden: int = 128
+  learning_rate: float = 1e-3  # AdamW rate (also B2m's frame rate)
+  weight_decay: float = 1.0  # decoupled decay on matrices (rank >= 2)
+  b1: float = 0.9
+  b2: float = 0.999
+  warmup: int = 0  # linear warm-up steps of every rate (0: constant)
+  riemannian_lr: float = 1.0  # eta_R of the Riemannian Adam
+  tau: float = 0.1  # step cap ||eta||_F <= tau sqrt(r)
+  riemannian_eps: float = 1e-3  # eps of the Riemannian Adam
+  epochs: int = 20_000  # full-batch steps
+  eval_every: int = 100
+  memorize_threshold: float = 0.99
+  grok_threshold: float = 0.95
+  sustain_k: int = 3  # consecutive evaluations >= grok_threshold
+  tail_fraction: float = 0.25  # tail mean over the final quarter of the run
+
+
+PAPER = GrokConfig()
+STABILIZED: dict[str, Any] = dict(b2=0.98, warmup=10)  # Power et al. (2022)
+
+QUICK = dataclasses.replace(
+  PAPER, modulus=23, train_fraction=0.7, weight_decay=5.0, **STABILIZED, epochs=800, eval_every=50
+)
+
+PRESETS: dict[str, dict[str, Any]] = {
+  "quick": dict(config=QUICK, arms=("A2", "B2"), seeds=(0,)),
+  "paper": dict(config=PAPER, arms=("A2", "B2"), seeds=(0,)),
+}
+
+
+#: The arms of ``stiefax grok``, in the order of its help and its report.
+ARMS = arms.select(
+  (
+    "A2",
+    "B2",
+    "B2m",
+    "B2m-can",
+    "B2-frz",
+    "A2-nwf",
+    "B2-hi",
+    "B2-sn",
+    "B2-comb",
+    "B2-mmuon",
+    "A2-muon",
+    "B2-qr",
+    "B2-cayley",
+  )
+)
+# Frame rates of the optimizer-family arms (grok has no rate selection).
+MMUON_LR, MUON_LR = ARMS["B2-mmuon"].rate, ARMS["A2-muon"].rate
+
+# How a run records its arm, ``(description, rule)``: part of every run's identity and
+# file name (:func:`arm_definition`), so fixed.
+_RECORDED = {
+  "A2": ("AdamW everywhere (decay on W_Q, W_K too)", "adamw"),
+  "B2": ("Riemannian Adam on W_Q, W_K", "riemannian"),
+  "B2m": ("tangent projection + elementwise Adam, no cap", "elementwise"),
+  "B2m-can": ("B2m with the canonical gradient", "elementwise-canonical"),
+  "B2-frz": ("W_Q, W_K frozen at orthonormal init", "frozen"),
+  "A2-nwf": ("A2 without decay on W_Q, W_K", "adam"),
+  "B2-hi": ("B2 with circuit decay 2.0", "riemannian"),
+  "B2-sn": ("B2 with circuit init 0.1x", "riemannian"),
+  "B2-comb": ("B2-hi + B2-sn", "riemannian"),
+  "B2-mmuon": ("manifold Muon on W_Q, W_K (rate 0.05)", "mmuon"),
+  "A2-muon": ("optax.contrib.muon on W_Q, W_K (rate 0.02), unconstrained", "muon"),
+  "B2-qr": ("B2 with the QR retraction", "riemannian-qr"),
+  "B2-cayley": ("B2 with the Cayley retraction", "riemannian-cayley"),
+}
+
+
+def arm_definition(arm: Arm) -> dict:
+  """How runs record ``arm``: ``{"description", "rule", "orthonormal", "weight_decay",
+  "circuit_init_scale"}`` (the ``"arm"`` of a run's ``"config"``)."""
+  description, rule = _RECORDED[arm.name]
+  return {
+    "description": description,
+    "rule": rule,
+    "orthonormal": arm.orthonormal,
+    "weight_decay": arm.weight_decay,
+    "circuit_init_scale": arm.circuit_init_scale,
+  }
+
+
+# ----------------------------------------------------------------------------
+# Metrics on an evaluation history (epochs ascending).
+# ----------------------------------------------------------------------------
+
+
+def first_epoch(epochs: Sequence[int], values: Sequence[float], threshold: float) -> Optional[int]:
+  """The first evaluated epoch with ``value >= threshold`` (``None`` if never).
+
+  >>> first_epoch([0, 100, 200], [0.1, 0.99, 0.5], 0.99)
+  100
+  """
+  for e, v in zip(epochs, values):
+    if v >= threshold:
+      return int(e)
+  return None
+
+
+def memorized_epoch(epochs, train_acc, threshold: float = 0.99) -> Optional[int]:
+  """First evaluated epoch with training accuracy ``>= threshold``."""
+  return first_epoch(epochs, train_acc, threshold)
+
+
+def grokked_epoch(epochs, test_acc, threshold: float = 0.95) -> Optional[int]:
+  """First evaluated epoch with held-out accuracy ``>= threshold`` (single crossing)."""
+  return first_epoch(epochs, test_acc, threshold)
+
+
+def sustained_epoch(epochs, test_acc, threshold: float = 0.95, k: int = 3) -> Optional[int]:
+  """First epoch from which held-out accuracy stays ``>= threshold`` for ``k`` evaluations.
+
+  The paper's sustained metric (section 4.4): a single spike does not count.
+
+  >>> sustained_epoch([0, 100, 200, 300, 400], [0.96, 0.1, 0.97, 0.98, 0.99], k=3)
+  200
+  """
+  if k < 1:
+    raise ValueError(f"sustained_epoch: k={k} must be >= 1.")
+  run = 0
+  for i, v in enumerate(test_acc):
+    run = run + 1 if v >= threshold else 0
+    if run == k:
+      return int(epochs[i - k + 1])
+  return None
+
+
+def tail_mean(epochs, values, fraction: float = 0.25) -> float:
+  """Mean of ``values`` over the evaluations in the final ``fraction`` of the run.
+
+  Evaluations at epochs ``>= (1 - fraction) * last_epoch`` count: for 20 000 epochs,
+  epochs 15 000-20 000 (the paper's tail window).
+
+  >>> tail_mean([0, 100, 200, 300, 400], [0.0, 0.0, 0.0, 0.5, 1.0])
+  0.75
+  """
+  epochs = np.asarray(epochs, np.float64)
+  values = np.asarray(values, np.float64)
+  if epochs.size == 0:
+    return float("nan")
+  keep = epochs >= (1.0 - fraction) * epochs[-1]
+  return float(np.mean(values[keep]))
+
+
+def run_metrics(history: dict, config: GrokConfig) -> dict:
+  """The per-run metrics of the paper from an evaluation history."""
+  ep, tr, te, iso = (history[k] for k in ("epoch", "train_acc", "test_acc", "isometry"))
+  return {
+    "memorized_epoch": memorized_epoch(ep, tr, config.memorize_threshold),
+    "grokked_epoch": grokked_epoch(ep, te, config.grok_threshold),
+    "sustained_epoch": sustained_epoch(ep, te, config.grok_threshold, config.sustain_k),
+    "end_train_acc": float(tr[-1]),
+    "end_test_acc": float(te[-1]),
+    "tail_test_acc": tail_mean(ep, te, config.tail_fraction),
+    "initial_isometry": float(iso[0]),
+    "final_isometry": float(iso[-1]),
+    "max_isometry": float(np.max(iso)),
+    "max_isometry_after_init": float(np.max(iso[1:])) if len(iso) > 1 else float(iso[0]),
+  }

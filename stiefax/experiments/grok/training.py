@@ -1,0 +1,477 @@
+"""Training a grokking run: data, model, optimizer, the jitted programs and the loop.
+
+Every run is full-batch: one compiled program (``jax.lax.scan``) trains ``eval_every``
+steps and evaluates. A run checkpoints (:class:`~stiefax.experiments.grok.checkpoints.
+Checkpoints`) and resumes to the result of an uninterrupted run; several seeds of an
+arm can train as one program (``jax.vmap``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+import time
+from typing import Optional
+from typing import Sequence
+
+import numpy as np
+
+from stiefax.experiments import optim
+from stiefax.experiments.arms import Arm
+from stiefax.experiments.cli import CommandError
+from stiefax.experiments.cli import progress_bar
+from stiefax.experiments.grok.checkpoints import Checkpoints
+from stiefax.experiments.grok.config import ARMS
+from stiefax.experiments.grok.config import GrokConfig
+from stiefax.experiments.grok.config import arm_definition
+from stiefax.experiments.grok.config import run_metrics
+
+__all__ = [
+  "make_data",
+  "make_model",
+  "init_params",
+  "make_optimizer",
+  "programs",
+  "stack",
+  "unstack",
+  "train",
+  "train_seeds",
+]
+
+
+def make_data(config: GrokConfig, seed: int) -> dict:
+  """All ``p^2`` sequences ``(a, b, =)`` and labels, split by ``seed``."""
+  p = config.modulus
+  grid_a, grid_b = np.meshgrid(np.arange(p), np.arange(p), indexing="ij")
+  a, b = grid_a.ravel(), grid_b.ravel()
+  x = np.stack([a, b, np.full_like(a, p)], axis=1).astype(np.int32)
+  y = ((a + b) % p).astype(np.int32)
+  n_train = round(config.train_fraction * p * p)
+  if not 0 < n_train < p * p:
+    raise CommandError(
+      f"train_fraction {config.train_fraction} leaves {n_train} of {p * p} pairs for"
+      " training; it must leave at least one pair on each side."
+    )
+  perm = np.random.default_rng(seed).permutation(p * p)
+  tr, te = perm[:n_train], perm[n_train:]
+  return {"x_train": x[tr], "y_train": y[tr], "x_test": x[te], "y_test": y[te]}
+
+
+@functools.cache
+def make_model(config: GrokConfig):
+  """The paper's encoder for ``config``, as a Flax linen module."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  class Block(nn.Module):
+    """Pre-LN encoder block: x + MHA(LN(x)), then x + FFN(LN(x)); no mask."""
+
+    @nn.compact
+    def __call__(self, x):
+      h = nn.LayerNorm(name="ln_attn")(x)
+      h = nn.MultiHeadDotProductAttention(
+        num_heads=config.num_heads,
+        qkv_features=config.num_heads * config.head_dim,
+        out_features=config.d_model,
+        name="attn",
+      )(h)
+      x = x + h
+      h = nn.LayerNorm(name="ln_ffn")(x)
+      h = nn.Dense(config.ffn_mult * config.d_model, name="ffn_in")(h)
+      h = nn.Dense(config.d_model, name="ffn_out")(nn.relu(h))
+      return x + h
+
+  class GrokTransformer(nn.Module):
+    """(a, b, =) -> logits over c; readout concat(3 x d) -> hidden -> ReLU -> p."""
+
+    @nn.compact
+    def __call__(self, tokens):
+      x = nn.Embed(config.modulus + 1, config.d_model, name="token_embed")(tokens)
+      pos = nn.Embed(tokens.shape[-1], config.d_model, name="pos_embed")(
+        jnp.arange(tokens.shape[-1])
+      )
+      x = x + pos[None]
+      for i in range(config.num_layers):
+        x = Block(name=f"block_{i}")(x)
+      x = nn.LayerNorm(name="ln_final")(x)
+      x = x.reshape(x.shape[:-2] + (x.shape[-2] * x.shape[-1],))
+      x = nn.relu(nn.Dense(config.readout_hidden, name="readout_hidden")(x))
+      return nn.Dense(config.modulus, name="readout_out")(x)
+
+  return GrokTransformer()
+
+
+def _query_labels(params):
+  import stiefax  # pylint: disable=g-import-not-at-top
+
+  return stiefax.flax.qk_labels(params, modules=("query",))
+
+
+def _key_labels(params):
+  import stiefax  # pylint: disable=g-import-not-at-top
+
+  return stiefax.flax.qk_labels(params, modules=("key",))
+
+
+@functools.cache
+def _jitted_init(config: GrokConfig):
+  import jax  # pylint: disable=g-import-not-at-top
+
+  return jax.jit(make_model(config).init)
+
+
+def init_params(config: GrokConfig, arm: Arm, seed: int):
+  """The arm's starting point: the seed's default init, frames snapped if Stiefel."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  import stiefax  # pylint: disable=g-import-not-at-top
+
+  params = _jitted_init(config)(jax.random.key(seed), jnp.zeros((1, 3), jnp.int32))
+  labels = stiefax.flax.qk_labels(params)
+  if arm.circuit_init_scale != 1.0:
+    s = arm.circuit_init_scale
+    params = jax.tree.map(
+      lambda lab, w: w * jnp.asarray(s, w.dtype) if lab != "stiefel" and w.ndim >= 2 else w,
+      labels,
+      params,
+    )
+  if arm.orthonormal:
+    params = stiefax.flax.project_params(params, labels)
+  return params
+
+
+def make_optimizer(config: GrokConfig, arm: Arm):
+  """The arm's optimizer for the whole model (an ``optax.GradientTransformation``).
+
+  AdamW at ``learning_rate`` (with ``warmup`` linear warm-up steps); the frames of the
+  Riemannian Adam arms at ``riemannian_lr`` (eps ``riemannian_eps``, cap ``tau``), of
+  the Muon arms at the arm's rate, of B2m and A2-nwf at the AdamW rate.
+  """
+  import optax  # pylint: disable=g-import-not-at-top
+
+  def rate(value):
+    if config.warmup > 0 and value > 0:
+      return optax.warmup_constant_schedule(0.0, value, config.warmup)
+    return value
+
+  if arm.rate is None:
+    frame_lr = config.learning_rate
+  elif arm.frames == "riemannian_adam":
+    frame_lr = config.riemannian_lr
+  else:
+    frame_lr = arm.rate
+  return optim.make_optimizer(
+    arm,
+    optim.Hyper(
+      adamw_lr=rate(config.learning_rate),
+      frame_lr=rate(frame_lr),
+      weight_decay=config.weight_decay if arm.weight_decay is None else arm.weight_decay,
+      b1=config.b1,
+      b2=config.b2,
+      eps=config.riemannian_eps,
+      max_norm=config.tau,
+    ),
+  )
+
+
+@functools.cache
+def programs(config: GrokConfig, arm: Arm, vmapped: bool = False, donate: bool = True):
+  """Jitted ``(init_state, train_chunk, evaluate)``, shared by every seed of an arm.
+
+  ``train_chunk`` is one compiled program: ``jax.lax.scan`` over ``eval_every``
+  full-batch steps, followed by the evaluation. ``vmapped``: ``train_chunk`` and
+  ``evaluate`` take every argument with a leading seed axis (``jax.vmap``), so all the
+  seeds of an arm train as one program (``init_state`` stays per seed). ``donate``:
+  ``train_chunk`` reuses the buffers of its parameter and state arguments.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+
+  import stiefax  # pylint: disable=g-import-not-at-top
+
+  model = make_model(config)
+  tx = make_optimizer(config, arm)
+
+  def loss_and_acc(params, x, y):
+    logits = model.apply(params, x)
+    loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
+    acc = jnp.mean((jnp.argmax(logits, axis=-1) == y).astype(jnp.float32))
+    return loss, acc
+
+  def evaluate(params, data):
+    loss, train_acc = loss_and_acc(params, data["x_train"], data["y_train"])
+    _, test_acc = loss_and_acc(params, data["x_test"], data["y_test"])
+    return {
+      "train_loss": loss,
+      "train_acc": train_acc,
+      "test_acc": test_acc,
+      "isometry": stiefax.diagnostics.isometry_error(params, _query_labels),
+      "isometry_key": stiefax.diagnostics.isometry_error(params, _key_labels),
+    }
+
+  def step(carry, _):
+    params, opt_state, data = carry
+    loss_fn = lambda p: loss_and_acc(p, data["x_train"], data["y_train"])[0]
+    grads = jax.grad(loss_fn)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    # Effective learning rate per group (W_Q/W_K frames, other matrices, vectors),
+    # keeping the parameter/update inner product (stiefax.covariance).
+    summary = stiefax.covariance.update_summary(params, new_params, stiefax.flax.qk_labels)
+    elr = {f"elr_{k.split('/')[0]}": v for k, v in summary.items() if k.endswith("/elr")}
+    return (new_params, opt_state, data), elr
+
+  def train_chunk(params, opt_state, data):
+    (params, opt_state, _), elr = jax.lax.scan(
+      step, (params, opt_state, data), None, length=config.eval_every
+    )
+    ev = evaluate(params, data)
+    ev.update({k: jnp.mean(v) for k, v in elr.items()})  # mean over the chunk's steps
+    return params, opt_state, ev
+
+  batch = jax.vmap if vmapped else (lambda f: f)
+  return (
+    jax.jit(tx.init),
+    jax.jit(batch(train_chunk), donate_argnums=(0, 1) if donate else ()),
+    jax.jit(batch(evaluate)),
+  )
+
+
+class _StopRequest:
+  """While active, SIGINT asks the training loop to stop at the next evaluation.
+
+  A second SIGINT stops at once (``KeyboardInterrupt``). Outside the main thread, where
+  signal handlers cannot be set, SIGINT keeps its default behaviour.
+  """
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def _handler(self, signum, frame):
+    del frame
+    if self.requested:
+      raise KeyboardInterrupt
+    self.requested = True
+    print(
+      "\nstiefax grok: stopping at the next evaluation and saving a checkpoint"
+      " (Ctrl-C again to stop now)",
+      file=sys.stderr,
+      flush=True,
+    )
+
+  def __enter__(self):
+    import signal  # pylint: disable=g-import-not-at-top
+    import threading  # pylint: disable=g-import-not-at-top
+
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGINT, self._handler)
+    return self
+
+  def __exit__(self, *exc):
+    import signal  # pylint: disable=g-import-not-at-top
+
+    if self._previous is not None:
+      signal.signal(signal.SIGINT, self._previous)
+      self._previous = None
+
+
+def train(
+  config: GrokConfig,
+  arm_name: str,
+  seed: int,
+  *,
+  progress: bool = True,
+  checkpoints: Optional[Checkpoints] = None,
+  checkpoint_every: int = 0,
+) -> dict:
+  """Trains one arm from one seed; returns the run record (the JSON schema).
+
+  With ``checkpoints``, a run starts from the latest checkpoint there if there is one,
+  saves one every ``checkpoint_every`` epochs (0: never) and, on SIGINT, saves one at
+  the next evaluation and raises ``KeyboardInterrupt``. The arithmetic of a resumed run
+  is that of the uninterrupted run: the same compiled programs on the same arrays.
+  """
+  return train_seeds(
+    config,
+    arm_name,
+    [seed],
+    progress=progress,
+    checkpoints=None if checkpoints is None else [checkpoints],
+    checkpoint_every=checkpoint_every,
+    vmap=False,
+  )[0]
+
+
+def stack(trees):
+  """The trees stacked along a new leading axis (the seed axis of ``vmap``)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def unstack(tree, n: int) -> list:
+  """The ``n`` trees along the leading axis of ``tree``."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  return [jax.tree.map(lambda x, i=i: x[i], tree) for i in range(n)]
+
+
+def train_seeds(
+  config: GrokConfig,
+  arm_name: str,
+  seeds: Sequence[int],
+  *,
+  progress: bool = True,
+  checkpoints: Optional[Sequence[Checkpoints]] = None,
+  checkpoint_every: int = 0,
+  vmap: bool = True,
+) -> list[dict]:
+  """Trains one arm from several seeds in step; returns one run record per seed.
+
+  ``vmap``: the seeds are a batch axis of one compiled program (``jax.vmap`` of the
+  per-seed program: the same arithmetic, batched), else there must be one seed. Every
+  seed's checkpoints (see :func:`train`) are its own, so a run started with or without
+  ``vmap`` resumes either way; the seeds must have been checkpointed at the same epoch.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  seeds = [int(s) for s in seeds]
+  if not vmap and len(seeds) != 1:
+    raise ValueError(f"train_seeds: {len(seeds)} seeds need vmap=True.")
+  n = len(seeds)
+  arm = ARMS[arm_name]
+  start = time.perf_counter()
+  datas = [{k: jnp.asarray(v) for k, v in make_data(config, s).items()} for s in seeds]
+  params = [init_params(config, arm, s) for s in seeds]
+  opt_init, train_chunk, evaluate = programs(config, arm, vmap)
+  opt_state = [opt_init(p) for p in params]
+  histories: list[dict[str, list]] = [
+    {k: [] for k in ("epoch", "train_acc", "test_acc", "train_loss", "isometry", "isometry_key")}
+    for _ in seeds
+  ]
+
+  def record(epoch, ev):
+    ev = jax.device_get(ev)
+    for i, history in enumerate(histories):
+      history["epoch"].append(int(epoch))
+      for k, v in ev.items():
+        # ELR histories start at the first chunk (no update before epoch 0).
+        history.setdefault(k, []).append(float(v[i] if vmap else v))
+    return {k: v[0] if vmap else v for k, v in ev.items()}
+
+  epoch, earlier_wall, resumed_from = 0, [0.0] * n, None
+  ckpts: Sequence[Checkpoints] = checkpoints or ()
+  reached = {c.latest_epoch() for c in ckpts} or {None}
+  if len(reached) > 1:
+    raise CommandError(
+      f"{arm_name} seeds {seeds}: checkpoints at different epochs"
+      f" {sorted(reached, key=str)}; train them in separate commands."
+    )
+  latest = reached.pop()
+  if latest is not None:
+    for i, s in enumerate(seeds):
+      params[i], opt_state[i], meta = ckpts[i].restore(latest, params[i], opt_state[i])
+      if meta.get("seed") != s or meta.get("epoch") != latest:
+        raise CommandError(
+          f"checkpoint {ckpts[i].directory} holds seed {meta.get('seed')} at epoch"
+          f" {meta.get('epoch')}, not seed {s} at {latest}; move it away to train this"
+          " run afresh."
+        )
+      histories[i], earlier_wall[i] = meta["history"], float(meta["wall_time"])
+    epoch = resumed_from = latest
+    print(
+      f"  {arm_name} seed{'s' * (n > 1)} {','.join(map(str, seeds))}: resuming from the"
+      f" checkpoint at epoch {latest}",
+      flush=True,
+    )
+  if vmap:
+    params, opt_state = stack(params), stack(opt_state)
+    data = stack(datas)
+  else:
+    params, opt_state, data = params[0], opt_state[0], datas[0]
+  if latest is None:
+    record(0, evaluate(params, data))
+
+  def save():
+    per_seed = zip(unstack(params, n), unstack(opt_state, n)) if vmap else [(params, opt_state)]
+    for i, (p, o) in enumerate(per_seed):
+      ckpts[i].save(
+        epoch,
+        p,
+        o,
+        {
+          "epoch": epoch,
+          "seed": seeds[i],
+          "arm": arm_name,
+          "history": histories[i],
+          "wall_time": earlier_wall[i] + time.perf_counter() - start,
+        },
+      )
+
+  desc = f"{arm_name} seed{'s' * (n > 1)} {','.join(map(str, seeds))}"
+  bar = progress_bar(
+    config.epochs, desc=desc, unit="epoch", enabled=progress, initial=epoch, leave=True
+  )
+  with _StopRequest() as stop:
+    while epoch < config.epochs:
+      params, opt_state, ev = train_chunk(params, opt_state, data)
+      epoch += config.eval_every
+      ev = record(epoch, ev)
+      bar.set_postfix(
+        train=f"{ev['train_acc']:.3f}",
+        test=f"{ev['test_acc']:.3f}",
+        iso=f"{ev['isometry']:.1e}",
+        refresh=False,
+      )
+      bar.update(config.eval_every)
+      if (
+        ckpts
+        and epoch < config.epochs
+        and (stop.requested or (checkpoint_every and epoch % checkpoint_every == 0))
+      ):
+        save()
+      if stop.requested and epoch < config.epochs:
+        bar.close()
+        where = f"; checkpoint at epoch {epoch}" if ckpts else ""
+        print(
+          f"stiefax grok: stopped {desc} at epoch {epoch}{where}; the same command resumes it",
+          file=sys.stderr,
+          flush=True,
+        )
+        raise KeyboardInterrupt
+  bar.close()
+  for c in ckpts:
+    c.close()
+  wall = time.perf_counter() - start
+  per_seed = unstack(params, n) if vmap else [params]
+  records = []
+  for i, s in enumerate(seeds):
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(per_seed[i]))
+    records.append(
+      {
+        "experiment": "grok",
+        "arm": arm_name,
+        "seed": s,
+        "config": {
+          **dataclasses.asdict(config),
+          "arm": arm_definition(arm),
+          "n_train": int(datas[i]["y_train"].shape[0]),
+          "n_test": int(datas[i]["y_test"].shape[0]),
+          "n_params": n_params,
+          "jax_version": jax.__version__,
+          "backend": jax.default_backend(),
+        },
+        "metrics": run_metrics(histories[i], config),
+        "history": histories[i],
+        "wall_time": earlier_wall[i] + wall,  # with vmap: the batch's time, shared
+        "vmapped_seeds": seeds if vmap else None,
+        "resumed_from": resumed_from,
+      }
+    )
+  return records

@@ -1,0 +1,110 @@
+"""The optimizer of an arm: one factory for every experiment command.
+
+:func:`make_optimizer` is ``optax.adamw`` on the whole model for the arms whose frames
+are ordinary AdamW parameters, else ``stiefax.stiefel_adamw`` with the arm's frame rule
+(:func:`frame_rule`) on W_Q, W_K and AdamW on the rest. The rates, betas, decay and
+the Riemannian Adam settings are a :class:`Hyper`; the arm's ``options`` override them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+from typing import Optional
+from typing import Union
+
+from stiefax.experiments.arms import Arm
+
+__all__ = ["Hyper", "decay_mask", "frame_rule", "make_optimizer"]
+
+Rate = Union[float, Any]  # a float or an Optax schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class Hyper:
+  """The hyperparameters an optimizer is built from (besides the arm).
+
+  Attributes:
+    adamw_lr: AdamW's rate for the non-frame parameters (a float or a schedule).
+    frame_lr: the frame rule's rate.
+    weight_decay: AdamW's decoupled decay (tensors of rank >= 2 only).
+    b1: first-moment decay of AdamW, Adam and the Riemannian Adam.
+    b2: second-moment decay of the same.
+    eps: the Riemannian Adam's eps.
+    max_norm: the Riemannian Adam's step cap tau.
+    polar: the polar retraction method of the Riemannian rules.
+    adamw_eps: AdamW's eps.
+  """
+
+  adamw_lr: Rate = 1e-3
+  frame_lr: Rate = 1.0
+  weight_decay: float = 0.0
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-8
+  max_norm: Optional[float] = 0.1
+  polar: str = "auto"
+  adamw_eps: float = 1e-8
+
+
+def decay_mask(params: Any) -> Any:
+  """True on the tensors of rank >= 2: the decay rule of ``stiefax.stiefel_adamw``."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def frame_rule(arm: Arm, h: Hyper):
+  """The arm's transform for W_Q, W_K (an ``optax.GradientTransformation``)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+
+  import stiefax  # pylint: disable=g-import-not-at-top
+
+  rule, opts = arm.frames, dict(arm.options)
+  if rule == "riemannian_adam":
+    kw: dict = dict(b1=h.b1, b2=h.b2, eps=h.eps, max_norm=h.max_norm, polar=h.polar)
+    return stiefax.riemannian_adam(h.frame_lr, **{**kw, **opts})
+  if rule == "riemannian_sgd":
+    return stiefax.riemannian_sgd(h.frame_lr, **{"polar": h.polar, **opts})
+  if rule == "manifold_muon":
+    return stiefax.manifold_muon(h.frame_lr, **opts)
+  if rule == "muon":
+    # W_Q, W_K are (d, heads, r) kernels: reduce over d, one matrix per head.
+    dims = optax.contrib.MuonDimensionNumbers(reduction_axis=0, output_axis=2)
+    return optax.contrib.muon(
+      h.frame_lr,
+      weight_decay=h.weight_decay,
+      muon_weight_dimension_numbers=lambda p: jax.tree.map(lambda _: dims, p),
+      **opts,
+    )
+  if rule == "adam":
+    return optax.adam(h.frame_lr, b1=h.b1, b2=h.b2, **opts)
+  if rule == "zero":
+    return optax.set_to_zero()
+  raise ValueError(f"arm {arm.name!r}: frames={rule!r} is trained by AdamW, not a frame rule")
+
+
+def make_optimizer(arm: Arm, h: Hyper):
+  """The arm's optimizer for a whole model (an ``optax.GradientTransformation``)."""
+  import optax  # pylint: disable=g-import-not-at-top
+
+  import stiefax  # pylint: disable=g-import-not-at-top
+
+  if not arm.apart:
+    return optax.adamw(
+      h.adamw_lr,
+      b1=h.b1,
+      b2=h.b2,
+      eps=h.adamw_eps,
+      weight_decay=h.weight_decay,
+      mask=decay_mask,
+    )
+  return stiefax.stiefel_adamw(
+    h.adamw_lr,
+    h.weight_decay,
+    b1=h.b1,
+    b2=h.b2,
+    eps=h.adamw_eps,
+    stiefel=frame_rule(arm, h),
+  )

@@ -1,0 +1,375 @@
+"""The protocols of ``stiefax patches``: run (with ``--select-lr``), sweep-n, sweep-eps.
+
+Every run is one JSON file in ``--out`` (:mod:`stiefax.experiments.store`: written
+atomically, never overwritten); a run whose file holds the same configuration is not
+trained again, and a lock on ``<run>.lock`` lets several processes share one ``--out``
+(each waits for a run another process is training, then reads its result).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import pathlib
+import sys
+import time
+from typing import Any
+from typing import Optional
+from typing import Sequence
+
+import numpy as np
+
+from stiefax.experiments import patch_data
+from stiefax.experiments import store
+from stiefax.experiments.arms import Arm
+from stiefax.experiments.cli import CommandError
+from stiefax.experiments.cli import writable_dir
+from stiefax.experiments.patches import args as args_lib
+from stiefax.experiments.patches import runs
+from stiefax.experiments.patches.settings import ADAM_ARMS
+from stiefax.experiments.patches.settings import ARMS
+from stiefax.experiments.patches.settings import EXPERIMENT
+from stiefax.experiments.patches.settings import OPTIMIZER_ARMS
+from stiefax.experiments.patches.settings import Setting
+from stiefax.experiments.patches.settings import arm_by_name
+from stiefax.experiments.patches.settings import arm_hparams
+from stiefax.experiments.patches.training import Trainer
+from stiefax.experiments.patches.training import train
+
+__all__ = ["Context", "defaults", "make_setting", "run", "select_arms"]
+
+
+@dataclasses.dataclass
+class Context:
+  """What every protocol reads: the arguments, the images and where runs go."""
+
+  args: argparse.Namespace
+  images: patch_data.Images
+  out: pathlib.Path
+  cache: Optional[pathlib.Path]
+  progress: bool
+  defaults: dict
+
+
+def defaults(args: argparse.Namespace) -> dict:
+  """The settings left unset on the command line: the paper's, or digits' without --data."""
+  digits = args.data is None
+  return {
+    "n_train": args.n_train or (1000 if digits else 10_000),
+    "patch": args.patch or (4 if digits else 8),
+    "d": args.d or (16 if digits else 128),
+    "heads": args.heads or (4 if digits else 8),
+    "head_dim": args.head_dim or (4 if digits else 16),
+    "ns": [125, 250, 500, 1000] if digits else [1000, 2000, 5000, 10_000, 20_000, 50_000],
+  }
+
+
+def select_arms(args: argparse.Namespace) -> list[Arm]:
+  """The arms of ``--arms`` (``all``: the paper's eight; sweep-eps defaults to B2)."""
+  if args.arms.strip().lower() == "all":
+    arms = [a for a in ARMS.values() if a.name not in OPTIMIZER_ARMS]
+  else:
+    names = [t for t in args.arms.split(",") if t.strip()]
+    if not names:
+      raise CommandError("--arms: empty list")
+    arms = [arm_by_name(t) for t in names]
+    if len({a.name for a in arms}) != len(arms):
+      raise CommandError(f"--arms: repeated arm in {args.arms!r}")
+  if args.protocol == "sweep-eps" and args.arms == "A2,B2":
+    arms = [ARMS["B2"]]
+  return arms
+
+
+def make_setting(
+  args: argparse.Namespace, dflt: dict, n_train: int, epochs: int, eps: Optional[float] = None
+) -> Setting:
+  """The :class:`Setting` of ``args`` at ``n_train``, ``epochs`` (and ``eps``)."""
+  s = Setting(
+    n_train=n_train,
+    epochs=epochs,
+    batch_size=args.batch_size,
+    warmup_epochs=args.warmup_epochs,
+    depth=args.depth,
+    d=dflt["d"],
+    heads=dflt["heads"],
+    head_dim=dflt["head_dim"],
+    mlp_ratio=args.mlp_ratio,
+    adamw_lr=args.adamw_lr,
+    weight_decay=args.weight_decay,
+    eps=args.eps if eps is None else eps,
+    max_norm=args.max_norm,
+    penalty=args.penalty,
+    polar=args.polar,
+  )
+  if s.heads * s.head_dim > s.d:
+    raise CommandError(
+      f"--heads {s.heads} x --head-dim {s.head_dim} = {s.heads * s.head_dim} exceeds"
+      f" --d {s.d}: each head's W_Q, W_K frame lies in St(d, r) and the paper's heads"
+      f" need H*r <= d; lower --heads or --head-dim"
+    )
+  return s
+
+
+def _data(ctx: Context, n_train: int, n_val: int) -> patch_data.PatchData:
+  a, dflt = ctx.args, ctx.defaults
+  return patch_data.prepare(
+    ctx.images,
+    n_train=n_train,
+    n_val=n_val,
+    patch=dflt["patch"],
+    d=dflt["d"],
+    whiten_eps=a.whiten_eps,
+    pca_samples=a.pca_samples,
+    cache_dir=ctx.cache,
+    order_seed=a.order_seed,
+  )
+
+
+def _config(ctx: Context, protocol: str, arm: Arm, setting: Setting, hp: dict, data, split) -> dict:
+  a = ctx.args
+  return runs.run_config(
+    protocol,
+    arm,
+    setting,
+    hp,
+    runs.DataFacts.of(ctx.images, data),
+    data=a.data,
+    patch=ctx.defaults["patch"],
+    whiten_eps=a.whiten_eps,
+    pca_samples=a.pca_samples,
+    order_seed=a.order_seed,
+    eval_split=split,
+  )
+
+
+def _finished(ctx: Context, path: pathlib.Path, cfg: dict) -> Optional[dict]:
+  """The run at ``path`` if it is this configuration (and ``--force`` is not given)."""
+  if ctx.args.force:
+    return None
+  ident = runs.run_identity(cfg)
+  done, _ = store.finished_run(path, lambda old: runs.run_identity(old["config"]) == ident)
+  return done
+
+
+def _execute(
+  ctx: Context,
+  protocol: str,
+  arm: Arm,
+  setting: Setting,
+  knob: Optional[float],
+  data: patch_data.PatchData,
+  seeds: Sequence[int],
+  eval_split: str = "test",
+) -> list[dict]:
+  """Runs ``arm`` over ``seeds`` (skipping finished runs), writing one JSON per run."""
+  hp = arm_hparams(arm, setting, knob)
+  cfg = _config(ctx, protocol, arm, setting, hp, data, eval_split)
+  results = []
+  trainer: Optional[Trainer] = None
+  for seed in seeds:
+    path = ctx.out / runs.run_name(protocol, arm.name, cfg, seed)
+    done = _finished(ctx, path, cfg)
+    if done is not None:
+      results.append(done)
+      continue
+
+    def waiting(holder: dict, seed=seed) -> None:
+      print(
+        f"  {arm.name} seed {seed}: being trained by process {holder.get('pid', '?')} on"
+        f" {holder.get('host', '?')}; waiting for it",
+        flush=True,
+      )
+
+    with store.claim(store.RunLock(path.with_suffix(".lock")), on_wait=waiting):
+      done = _finished(ctx, path, cfg)  # finished by another process meanwhile?
+      if done is not None:
+        results.append(done)
+        continue
+      if trainer is None:
+        trainer = Trainer(arm, setting, hp, data.train_x.shape[1], data.num_classes)
+      out = train(
+        trainer,
+        data,
+        seed,
+        eval_split=eval_split,
+        eval_every=ctx.args.eval_every,
+        progress=ctx.progress,
+        desc=f"{arm.name} n={setting.n_train} seed={seed}",
+      )
+      rec = {
+        "experiment": EXPERIMENT,
+        "arm": arm.name,
+        "seed": int(seed),
+        "config": cfg,
+        "command": runs.run_command(protocol, arm.name, cfg, seed, str(ctx.out)),
+        "code": store.code_version(),
+        **out,
+      }
+      _write(path, rec)
+    m = rec["metrics"]
+    acc = m.get(f"{eval_split}_acc")
+    print(
+      f"  {arm.name:<11} seed {seed:<3} {eval_split} acc {100 * acc:6.2f}%  "
+      f"isometry {m['isometry']:.1e}  {m['wall_per_epoch']:.2f} s/epoch",
+      flush=True,
+    )
+    results.append(rec)
+  return results
+
+
+def _write(path: pathlib.Path, rec: dict) -> None:
+  """Writes a run; a file already there (``--force``, or damaged) is moved aside first."""
+  if path.exists():
+    aside = store.move_aside(path, "replaced")
+    print(f"stiefax patches: moved the earlier {path.name} to {aside.name}", file=sys.stderr)
+  try:
+    store.write_json(path, rec)
+  except OSError as e:
+    raise CommandError(f"cannot write {path} ({e.strerror or e}).") from None
+
+
+def _select(
+  ctx: Context, arms: Sequence[Arm], setting: Setting, data, grids: dict
+) -> tuple[dict, list]:
+  """``--select-lr``: the knob with the best mean validation accuracy, per arm.
+
+  Returns ``({arm: knob}, selection runs)``.
+  """
+  seeds = args_lib.ints(ctx.args.select_seeds, "--select-seeds")
+  chosen: dict = {}
+  runs_: list = []
+  for arm in arms:
+    grid = grids.get(arm.name, arm.grid)
+    best: Optional[tuple[float, float]] = None
+    for knob in grid:
+      res = _execute(ctx, "select-lr", arm, setting, knob, data, seeds, eval_split="val")
+      runs_ += res
+      acc = float(np.mean([r["metrics"]["val_acc"] for r in res]))
+      if best is None or acc > best[1]:
+        best = (knob, acc)
+    assert best is not None  # every grid has a value
+    chosen[arm.name] = best[0]
+    print(
+      f"selected {arm.name}: {best[0]:g} (validation accuracy {100 * best[1]:.2f}%)", flush=True
+    )
+  return chosen, runs_
+
+
+def _knobs(ctx: Context) -> dict:
+  return {k: args_lib.knob(v, "--lr") for k, v in args_lib.arm_map(ctx.args.lr, "--lr").items()}
+
+
+def _protocol_run(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int]) -> list[dict]:
+  a, dflt = ctx.args, ctx.defaults
+  n_train = dflt["n_train"]
+  epochs = a.epochs or (100 if n_train >= 50_000 else 40)
+  knobs = _knobs(ctx)
+  setting = make_setting(a, dflt, n_train, epochs)
+  out: list[dict] = []
+  if a.select_lr:
+    pool = ctx.images.train_x.shape[0]
+    n_val = a.n_val if a.n_val is not None else min(5000, pool - n_train)
+    if n_val < 1:
+      raise CommandError(
+        f"--select-lr needs validation images after the first {n_train}:"
+        f" the pool has {pool}; lower --n-train or set --n-val"
+      )
+    data = _data(ctx, n_train, n_val)
+    grids = {
+      k: [args_lib.knob(x, "--grid") for x in v.split(":")]
+      for k, v in args_lib.arm_map(a.grid, "--grid").items()
+    }
+    chosen, out = _select(ctx, [arm for arm in arms if arm.name != "frozen"], setting, data, grids)
+    knobs.update(chosen)
+  # The runs hold no validation slice: the training images and the whitening fit do not
+  # depend on it, so a run at a selected rate has the same configuration (and pairs in
+  # the report) with a run given that rate by --lr.
+  data = _data(ctx, n_train, 0)
+  print(
+    f"patches: {ctx.images.name}, n_train={n_train}, test={len(data.test_y)},"
+    f" {epochs} epochs x {setting.steps_per_epoch} steps, arms"
+    f" {','.join(x.name for x in arms)}, seeds {','.join(map(str, seeds))}",
+    flush=True,
+  )
+  for arm in arms:
+    out += _execute(ctx, "run", arm, setting, knobs.get(arm.name), data, seeds)
+  return out
+
+
+def _protocol_sweep_n(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int]) -> list[dict]:
+  a = ctx.args
+  if a.epochs is not None:
+    raise CommandError("sweep-n sets the epochs from --budget (steps per run); drop --epochs")
+  ns = args_lib.ints(a.ns, "--ns") if a.ns else ctx.defaults["ns"]
+  knobs = _knobs(ctx)
+  out: list[dict] = []
+  for n in ns:
+    spe = math.ceil(n / a.batch_size)
+    epochs = max(1, a.budget // spe)
+    setting = make_setting(a, ctx.defaults, n, epochs)
+    data = _data(ctx, n, 0)
+    print(f"sweep-n: n={n}, {epochs} epochs x {spe} steps = {epochs * spe} steps", flush=True)
+    for arm in arms:
+      out += _execute(ctx, "sweep-n", arm, setting, knobs.get(arm.name), data, seeds)
+  return out
+
+
+def _protocol_sweep_eps(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int]) -> list[dict]:
+  a = ctx.args
+  bad = [arm.name for arm in arms if arm.name not in ADAM_ARMS]
+  if bad:
+    raise CommandError(
+      f"sweep-eps varies the Riemannian Adam eps: arms {bad} have none;"
+      f" use --arms from {', '.join(ADAM_ARMS)}"
+    )
+  values = args_lib.floats(a.eps_values, "--eps-values")
+  if not values or any(v < 0 or not math.isfinite(v) for v in values):
+    raise CommandError(f"--eps-values: need finite values >= 0, got {a.eps_values!r}")
+  n_train = ctx.defaults["n_train"]
+  epochs = a.epochs or (100 if n_train >= 50_000 else 40)
+  knobs = _knobs(ctx)
+  data = _data(ctx, n_train, 0)
+  out: list[dict] = []
+  for eps in values:
+    setting = make_setting(a, ctx.defaults, n_train, epochs, eps=eps)
+    print(f"sweep-eps: eps={eps:g}", flush=True)
+    for arm in arms:
+      out += _execute(ctx, "sweep-eps", arm, setting, knobs.get(arm.name), data, seeds)
+  return out
+
+
+PROTOCOL_FNS: dict[str, Any] = {
+  "run": _protocol_run,
+  "sweep-n": _protocol_sweep_n,
+  "sweep-eps": _protocol_sweep_eps,
+}
+
+
+def run(args: argparse.Namespace) -> int:
+  """``stiefax patches``: trains what ``args`` ask for, prints the report."""
+  from stiefax.experiments.patches import tables  # pylint: disable=g-import-not-at-top
+
+  args_lib.validate(args)
+  arms = select_arms(args)
+  seeds = args_lib.ints(args.seeds, "--seeds")
+  if any(s < 0 for s in seeds):
+    raise CommandError(f"--seeds must be >= 0, got {args.seeds!r}")
+  cache = (
+    None
+    if args.no_cache
+    else pathlib.Path(args.cache).expanduser()
+    if args.cache
+    else patch_data.default_cache_dir()
+  )
+  progress = not args.no_progress
+  images = patch_data.load_images(
+    args.data, order_seed=args.order_seed, cache_dir=cache, progress=progress
+  )
+  out = writable_dir(pathlib.Path(args.out).expanduser(), "--out")  # fail before training
+  ctx = Context(args, images, out, cache, progress, defaults(args))
+  t0 = time.perf_counter()
+  done = PROTOCOL_FNS[args.protocol](ctx, arms, seeds)
+  print(f"\n{len(done)} runs in {time.perf_counter() - t0:.1f} s; results in {ctx.out}\n")
+  print(tables.report(done, ctx.out))
+  return 0

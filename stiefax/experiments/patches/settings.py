@@ -1,0 +1,135 @@
+"""The arms ``stiefax patches`` offers, the setting of a run and the arm's rates."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+from stiefax.experiments import arms
+from stiefax.experiments import optim
+from stiefax.experiments.arms import Arm
+from stiefax.experiments.cli import CommandError
+
+EXPERIMENT = "patches"
+PROTOCOLS = ("run", "sweep-n", "sweep-eps")
+
+#: The paper's eight arms (``--arms all``), then the optimizer-family arms.
+ARMS = arms.select(
+  (
+    "A2",
+    "A2-orth",
+    "B2",
+    "B2-SGD",
+    "frozen",
+    "elementwise",
+    "grassmann",
+    "soft",
+    "B2-mmuon",
+    "A2-muon",
+    "B2-qr",
+    "B2-cayley",
+  )
+)
+ADAM_ARMS = ("B2", "elementwise", "grassmann")  # arms with a Riemannian eps
+# The optimizer-family comparison (docs/optimizers.md); named explicitly, not in "all".
+OPTIMIZER_ARMS = ("B2-mmuon", "A2-muon", "B2-qr", "B2-cayley")
+
+
+def arm_by_name(name: str) -> Arm:
+  """The arm ``name`` spells (any case, or an alias such as ``pa16``)."""
+  arm = arms.lookup(name, ARMS)
+  if arm is None:
+    raise CommandError(f"--arms: unknown arm {name!r}; choose from {', '.join(ARMS)} (or all)")
+  return arm
+
+
+def frame_init(arm: Arm) -> str:
+  """``"orthonormal"`` or ``"xavier"``: how the arm's runs record their frames' init."""
+  return "orthonormal" if arm.orthonormal else "xavier"
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+  """Everything one training run depends on besides the arm and the seed."""
+
+  n_train: int
+  epochs: int
+  batch_size: int = 256
+  warmup_epochs: int = 5
+  depth: int = 1
+  d: int = 128
+  heads: int = 8
+  head_dim: int = 16
+  mlp_ratio: int = 4
+  adamw_lr: float = 1e-2
+  weight_decay: float = 0.05
+  eps: float = 1e-8
+  max_norm: float = 0.1
+  penalty: float = 0.1
+  polar: str = "auto"
+
+  @property
+  def steps_per_epoch(self) -> int:
+    return math.ceil(self.n_train / self.batch_size)
+
+  @property
+  def total_steps(self) -> int:
+    return self.steps_per_epoch * self.epochs
+
+  @property
+  def warmup_steps(self) -> int:
+    return max(0, min(self.warmup_epochs * self.steps_per_epoch, self.total_steps - 1))
+
+
+def arm_hparams(arm: Arm, setting: Setting, knob: Optional[float]) -> dict:
+  """The arm's rates: ``{"adamw_lr", "riemannian_lr", "penalty", "eps"}``.
+
+  ``knob`` (``--lr`` / ``--select-lr``) is the AdamW rate of the arms without a frame
+  rule of their own, lambda of ``soft``, else the frame rule's rate (``None``: the
+  default).
+  """
+  hp: dict = {"adamw_lr": setting.adamw_lr, "riemannian_lr": None, "penalty": None, "eps": None}
+  if arm.penalty:
+    hp["penalty"] = setting.penalty if knob is None else knob
+  elif not arm.apart:
+    hp["adamw_lr"] = setting.adamw_lr if knob is None else knob
+  else:
+    hp["riemannian_lr"] = arm.rate if knob is None else knob
+  if arm.frames == "riemannian_adam":
+    hp["eps"] = setting.eps
+  return hp
+
+
+def schedule(setting: Setting, peak: float):
+  """5-epoch (``warmup_epochs``) linear warm-up to ``peak``, then cosine to zero."""
+  import optax  # pylint: disable=g-import-not-at-top
+
+  return optax.warmup_cosine_decay_schedule(
+    0.0, peak, setting.warmup_steps, setting.total_steps, 0.0
+  )
+
+
+def make_optimizer(arm: Arm, setting: Setting, hp: dict):
+  """``optax.adamw`` or ``stiefax.stiefel_adamw`` with the arm's frame rule, on schedules."""
+  frame_lr = hp["riemannian_lr"]
+  return optim.make_optimizer(
+    arm,
+    optim.Hyper(
+      adamw_lr=schedule(setting, hp["adamw_lr"]),
+      frame_lr=schedule(setting, frame_lr) if frame_lr else 0.0,
+      weight_decay=setting.weight_decay,
+      eps=setting.eps if hp["eps"] is None else hp["eps"],
+      max_norm=setting.max_norm,
+      polar=setting.polar,
+    ),
+  )
+
+
+def learning_rates(setting: Setting, hp: dict, step: int) -> tuple[float, float]:
+  """``(AdamW rate, frame rate)`` at ``step`` (0.0 for a rate that is unset or zero)."""
+
+  def at(peak: Optional[float]) -> float:
+    return float(schedule(setting, peak)(step)) if peak else 0.0
+
+  return at(hp["adamw_lr"]), at(hp["riemannian_lr"])

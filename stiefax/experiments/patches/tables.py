@@ -1,0 +1,434 @@
+"""The report of ``stiefax patches`` runs (also printed by ``stiefax report``).
+
+``run`` protocol: per arm, test accuracy mean ± std (ddof=1), the paired difference to
+A2 within seed (mean, t, p, wins k/n, 20 000-resample bootstrap 95% CI), final isometry
+error and wall-clock per epoch, then the paired contrasts of the paper's Table 7 and
+the frozen arm's share of B2's gain. ``sweep-n``: a row per n (ddof=0, as the paper's
+Table 3). ``sweep-eps``: a row per eps, paired against the smallest eps. ``select-lr``:
+validation accuracy per rate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from typing import Optional
+from typing import Sequence
+
+import numpy as np
+
+from stiefax.experiments import reporting
+from stiefax.experiments.patches.runs import knob_of
+from stiefax.experiments.patches.runs import run_identity
+from stiefax.experiments.patches.settings import ARMS
+from stiefax.experiments.patches.settings import EXPERIMENT
+from stiefax.experiments.reporting import num as _num
+from stiefax.experiments.reporting import paired_cells as _paired_cells
+from stiefax.experiments.reporting import table as _table
+
+__all__ = ["report", "CONTRASTS"]
+
+# Configuration fields that belong to an arm rather than to the setting it runs in.
+_ARM_FIELDS = ("protocol", "riemannian_lr", "penalty", "eps", "description", "frame_init")
+
+
+def _group_key(cfg: dict, drop: Sequence[str] = ()) -> str:
+  """The setting a run belongs to: its identity less the arm's own fields and ``drop``."""
+  ident = run_identity(cfg)
+  for k in (*_ARM_FIELDS, *drop):
+    ident.pop(k, None)
+  return json.dumps(ident, sort_keys=True)
+
+
+def _label(r: dict, knobs: dict) -> str:
+  """The arm's name, with its knob when one arm runs at several knobs in a group."""
+  if len(knobs.get(r["arm"], ())) < 2:
+    return r["arm"]
+  c = r["config"]
+  if c.get("penalty") is not None:
+    return f"{r['arm']} λ={c['penalty']:g}"
+  if c.get("riemannian_lr") is not None:
+    return f"{r['arm']} lr={c['riemannian_lr']:g}"
+  return f"{r['arm']} lr={c['adamw_lr']:g}"
+
+
+def _arm_order(names) -> list[str]:
+  return reporting.arm_order(names, ARMS)
+
+
+def _title(cfg: dict) -> str:
+  return (
+    f"{cfg.get('dataset')} n_train={cfg.get('n_train')} test={cfg.get('n_test')}"
+    f" epochs={cfg.get('epochs')} ({cfg.get('total_steps')} steps) depth={cfg.get('depth')}"
+    f" d={cfg.get('d')} H={cfg.get('heads')} r={cfg.get('head_dim')}"
+    f" adamw_lr={cfg.get('adamw_lr'):g}"
+  )
+
+
+# Paired contrasts of the paper's Table 7 (and section 4.5): (name, arm b, arm a, what
+# b - a isolates). Printed for every group that holds both arms.
+CONTRASTS = (
+  ("constraint alone", "frozen", "A2", "orthonormal frames never trained, vs AdamW"),
+  ("training the frames", "B2", "frozen", "the Riemannian Adam step, vs frozen frames"),
+  ("step rule (b,c)", "grassmann", "B2-SGD", "adaptive capped step vs fixed step, both Grassmann"),
+  ("projector (a)", "B2", "grassmann", "Stiefel vs Grassmann projector, adaptive step"),
+  ("second moment", "B2", "elementwise", "scalar vs elementwise v"),
+  ("corrected vs PA16", "B2", "B2-SGD", "all three changes at once"),
+)
+
+
+def _by_seed(runs: Sequence[dict], metric: str) -> dict:
+  return reporting.by_seed(runs, metric)
+
+
+def _paired_row(base: dict, other: dict):
+  return reporting.paired_by_seed(base, other, scale=100.0)
+
+
+def _report_main(runs: Sequence[dict], out_dir: pathlib.Path, tag: str) -> list[str]:
+  from stiefax.experiments import stats  # pylint: disable=g-import-not-at-top
+
+  groups: dict = {}
+  for r in runs:
+    groups.setdefault(_group_key(r["config"]), []).append(r)
+  lines, used = [], set()
+  for gi, (_, group) in enumerate(sorted(groups.items(), key=lambda kv: str(kv[0]))):
+    knobs: dict = {}
+    for r in group:
+      knobs.setdefault(r["arm"], set()).add(knob_of(r["config"]))
+    by_arm: dict = {}
+    for r in group:
+      by_arm.setdefault(_label(r, knobs), []).append(r)
+    base = _by_seed(by_arm.get("A2", []), "test_acc")
+    rows = []
+    for name in _arm_order(by_arm):
+      rs = by_arm[name]
+      acc = _by_seed(rs, "test_acc")
+      mean, std = stats.summarize([100 * v for v in acc.values()])
+      paired = _paired_row(base, acc) if name != "A2" and base else None
+      iso = np.mean([r["metrics"]["isometry"] for r in rs])
+      wall = np.mean([r["metrics"]["wall_per_epoch"] for r in rs])
+      rows.append(
+        [
+          name,
+          str(len(acc)),
+          f"{mean:.2f} ± {std:.2f}",
+          *_paired_cells(paired),
+          f"{iso:.1e}",
+          f"{wall:.2f}",
+        ]
+      )
+    lines.append(f"patches ({tag}): {_title(group[0]['config'])}")
+    lines.append(
+      _table(
+        [
+          "arm",
+          "seeds",
+          "test acc %",
+          "Δ vs A2 pp",
+          "t",
+          "p",
+          "wins",
+          "95% CI (pp)",
+          "isometry",
+          "s/epoch",
+        ],
+        rows,
+      )
+    )
+    lines.append(
+      "  mean ± sample std (ddof=1) over seeds; Δ paired within seed;"
+      " bootstrap CI over 20 000 resamples."
+    )
+    rows = []
+    for name, b, a, what in CONTRASTS:
+      if b in by_arm and a in by_arm:
+        p = _paired_row(_by_seed(by_arm[a], "test_acc"), _by_seed(by_arm[b], "test_acc"))
+        rows.append([name, f"{b} - {a}", *_paired_cells(p), what])
+    if rows:
+      lines.append("")
+      lines.append(
+        _table(["contrast", "arms", "Δ pp", "t", "p", "wins", "95% CI (pp)", "isolates"], rows)
+      )
+    c = group[0]["config"]
+    name = f"patches_{tag}_n{c['n_train']}_e{c['epochs']}_depth{c['depth']}_lr{c['adamw_lr']:g}"
+    if name in used:
+      name += f"_{gi}"
+    used.add(name)
+    png = _plot_main(by_arm, out_dir, name + ".png", _title(c))
+    if png:
+      lines.append(f"  plot: {png}")
+    lines.append("")
+  return lines
+
+
+def _report_frozen_share(runs: Sequence[dict]) -> list[str]:
+  """How much of B2's gain over A2 the frozen arm keeps, in every setting that has all three.
+
+  Per setting (depth, AdamW rate, ...), on the seeds that A2, frozen and B2 share: the
+  paired gains ``frozen - A2`` and ``B2 - A2`` and their ratio, the frozen arm's share.
+  A share near 1 says orthonormal frames alone earn the gain; near 0, that training
+  them with the Riemannian step does.
+  """
+  groups: dict = {}
+  for r in runs:
+    groups.setdefault(_group_key(r["config"]), {}).setdefault(r["arm"], []).append(r)
+  rows = []
+  for _key, by_arm in sorted(groups.items()):
+    if not all(a in by_arm for a in ("A2", "frozen", "B2")):
+      continue
+    acc = {a: _by_seed(by_arm[a], "test_acc") for a in ("A2", "frozen", "B2")}
+    seeds = sorted(set(acc["A2"]) & set(acc["frozen"]) & set(acc["B2"]))
+    if not seeds:
+      continue
+    sub = {a: {s: acc[a][s] for s in seeds} for a in acc}
+    fz = _paired_row(sub["A2"], sub["frozen"])
+    b2 = _paired_row(sub["A2"], sub["B2"])
+    tr = _paired_row(sub["frozen"], sub["B2"])
+    c = by_arm["A2"][0]["config"]
+    share = fz.mean / b2.mean if b2.mean else float("nan")
+    rows.append(
+      [
+        str(c["depth"]),
+        f"{c['adamw_lr']:g}",
+        f"{c['n_train']}/{c['epochs']}",
+        str(len(seeds)),
+        f"{100 * np.mean(list(sub['A2'].values())):.2f}",
+        f"{fz.mean:+.2f} ({fz.wins}/{fz.n})",
+        f"{b2.mean:+.2f} ({b2.wins}/{b2.n})",
+        f"{tr.mean:+.2f} ({tr.wins}/{tr.n}, p={_num(tr.p, '.2g')})",
+        _num(share, ".2f"),
+      ]
+    )
+  if not rows:
+    return []
+  return [
+    "patches (frozen share): the frozen arm's share of B2's gain, per setting",
+    _table(
+      [
+        "depth",
+        "adamw_lr",
+        "n/epochs",
+        "seeds",
+        "A2 %",
+        "frozen-A2 pp (wins)",
+        "B2-A2 pp (wins)",
+        "B2-frozen pp (wins, p)",
+        "share",
+      ],
+      rows,
+    ),
+    "  paired within seed on the seeds all three arms share; share = (frozen - A2) / (B2 - A2).",
+    "",
+  ]
+
+
+def _eps_references(sweep: Sequence[dict], runs: Sequence[dict]) -> list[dict]:
+  """``run``-protocol runs of the swept arms in the sweep's setting, as extra eps points.
+
+  The eps probe varies only eps, so the main study's B2 (eps = 1e-8) is its reference
+  point and need not be trained twice.
+  """
+  keys = {(r["arm"], _group_key(r["config"])) for r in sweep}
+  have = {(r["arm"], r["seed"], r["config"]["eps"]) for r in sweep}
+  return [
+    r
+    for r in runs
+    if (r["arm"], _group_key(r["config"])) in keys
+    and r["config"].get("eps") is not None
+    and (r["arm"], r["seed"], r["config"]["eps"]) not in have
+  ]
+
+
+def _report_sweep_n(runs: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
+  from stiefax.experiments import stats  # pylint: disable=g-import-not-at-top
+
+  by_n: dict = {}
+  for r in runs:
+    by_n.setdefault(r["config"]["n_train"], {}).setdefault(r["arm"], []).append(r)
+  arms = _arm_order({r["arm"] for r in runs})
+  rows: list[list[str]] = []
+  curves: dict[str, list] = {a: [] for a in arms}
+  for n in sorted(by_n):
+    cfg = next(iter(by_n[n].values()))[0]["config"]
+    base = _by_seed(by_n[n].get("A2", []), "test_acc")
+    cells = [str(n), str(cfg["total_steps"]), str(cfg["epochs"])]
+    for a in arms:
+      acc = _by_seed(by_n[n].get(a, []), "test_acc")
+      mean, std = stats.summarize([100 * v for v in acc.values()], ddof=0)
+      cells.append(f"{mean:.2f} ± {std:.2f}" if acc else "-")
+      curves[a].append((n, mean, std))
+    for a in arms:
+      if a == "A2":
+        continue
+      p = _paired_row(base, _by_seed(by_n[n].get(a, []), "test_acc")) if base else None
+      cells += [f"{p.mean:+.2f}", _num(p.t, ".2f"), f"{p.wins}/{p.n}"] if p else ["-"] * 3
+    rows.append(cells)
+  header = ["n", "steps", "epochs"] + [f"{a} %" for a in arms]
+  for a in arms:
+    if a != "A2":
+      header += [f"{a}-A2 pp", "t", "wins"]
+  lines = [
+    "patches (sweep-n): data-size sweep at a fixed step budget",
+    _table(header, rows),
+    "  mean ± population std (ddof=0) over seeds, as the paper's Table 3.",
+  ]
+  png = _plot_xy(curves, out_dir, "patches_sweep_n.png", "n_train", "test accuracy (%)")
+  if png:
+    lines.append(f"  plot: {png}")
+  return lines + [""]
+
+
+def _report_sweep_eps(runs: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
+  from stiefax.experiments import stats  # pylint: disable=g-import-not-at-top
+
+  lines = ["patches (sweep-eps): Riemannian Adam eps probe (paper 4.7)"]
+  for arm in _arm_order({r["arm"] for r in runs}):
+    by_eps: dict = {}
+    for r in runs:
+      if r["arm"] == arm:
+        by_eps.setdefault(r["config"]["eps"], []).append(r)
+    ref_eps = min(by_eps)
+    ref = _by_seed(by_eps[ref_eps], "test_acc")
+    rows, curve = [], []
+    for eps in sorted(by_eps):
+      acc = _by_seed(by_eps[eps], "test_acc")
+      mean, std = stats.summarize([100 * v for v in acc.values()])
+      p = _paired_row(ref, acc) if eps != ref_eps else None
+      rows.append([f"{eps:.0e}", str(len(acc)), f"{mean:.2f} ± {std:.2f}", *_paired_cells(p)])
+      curve.append((eps, mean, std))
+    lines.append(f"{arm}: {_title(by_eps[ref_eps][0]['config'])}")
+    lines.append(
+      _table(
+        ["eps", "seeds", "test acc %", f"Δ vs {ref_eps:.0e} pp", "t", "p", "wins", "95% CI (pp)"],
+        rows,
+      )
+    )
+    png = _plot_xy(
+      {arm: curve}, out_dir, f"patches_sweep_eps_{arm}.png", "eps", "test accuracy (%)"
+    )
+    if png:
+      lines.append(f"  plot: {png}")
+    lines.append("")
+  return lines
+
+
+def _report_select(runs: Sequence[dict]) -> list[str]:
+  by_arm: dict = {}
+  for r in runs:
+    knob = knob_of(r["config"])
+    by_arm.setdefault(r["arm"], {}).setdefault(knob, []).append(r["metrics"]["val_acc"])
+  rows = []
+  for arm in _arm_order(by_arm):
+    scores = {k: float(np.mean(v)) for k, v in by_arm[arm].items()}
+    best = max(scores, key=scores.__getitem__)
+    rows.append(
+      [
+        arm,
+        "  ".join(
+          f"{k:g}:{100 * v:.2f}" + ("*" if k == best else "") for k, v in sorted(scores.items())
+        ),
+      ]
+    )
+  return [
+    "patches (select-lr): validation accuracy % per rate (* = selected)",
+    _table(["arm", "rate: val acc"], rows),
+    "",
+  ]
+
+
+def _plot_main(by_arm: dict, out_dir: pathlib.Path, name: str, title: str) -> Optional[str]:
+  plt = reporting.pyplot()
+  if plt is None:
+    return None
+  names = _arm_order(by_arm)
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+  for i, a in enumerate(names):
+    accs = [
+      100 * r["metrics"]["test_acc"] for r in by_arm[a] if r["metrics"].get("test_acc") is not None
+    ]
+    ax1.bar(i, np.mean(accs), color=f"C{i}", alpha=0.6)
+    ax1.plot([i] * len(accs), accs, "k.", ms=4)
+    iso = np.mean(
+      [
+        r["history"]["isometry"]
+        for r in by_arm[a]
+        if len(r["history"]["isometry"]) == len(by_arm[a][0]["history"]["isometry"])
+      ],
+      axis=0,
+    )
+    ax2.semilogy(np.arange(1, len(iso) + 1), np.maximum(iso, 1e-9), label=a, color=f"C{i}")
+  ax1.set_xticks(range(len(names)), names, rotation=30)
+  ax1.set_ylabel("test accuracy (%)")
+  lo = min(
+    100 * r["metrics"]["test_acc"]
+    for a in names
+    for r in by_arm[a]
+    if r["metrics"].get("test_acc") is not None
+  )
+  ax1.set_ylim(max(0, lo - 5), None)
+  ax2.set_xlabel("epoch")
+  ax2.set_ylabel("isometry error max|W^T W - I|")
+  ax2.legend(fontsize=8)
+  fig.suptitle(title, fontsize=9)
+  fig.tight_layout()
+  return reporting.save_figure(fig, plt, out_dir, name)
+
+
+def _plot_xy(
+  curves: dict, out_dir: pathlib.Path, name: str, xlabel: str, ylabel: str
+) -> Optional[str]:
+  plt = reporting.pyplot()
+  if plt is None:
+    return None
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for i, (a, pts) in enumerate(curves.items()):
+    pts = [p for p in pts if math.isfinite(p[1])]
+    if not pts:
+      continue
+    x, m, s = map(np.asarray, zip(*pts))
+    ax.errorbar(np.maximum(x, 1e-12), m, yerr=s, marker="o", capsize=3, label=a, color=f"C{i}")
+  ax.set_xscale("log")
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.legend()
+  fig.tight_layout()
+  return reporting.save_figure(fig, plt, out_dir, name)
+
+
+def report(runs: list[dict], out_dir: pathlib.Path) -> str:
+  """Paper-style tables of ``patches`` runs (and PNG plots written to ``out_dir``).
+
+  ``run`` protocol: per arm, test accuracy mean ± std (ddof=1), the paired difference
+  to A2 within seed (mean, t, p, wins k/n, 20 000-resample bootstrap 95% CI), final
+  isometry error and wall-clock per epoch. ``sweep-n``: a row per n (ddof=0, as the
+  paper's Table 3). ``sweep-eps``: a row per eps, paired against the smallest eps.
+  ``select-lr``: validation accuracy per rate.
+
+  Args:
+    runs: result dicts (the JSON files); runs of other experiments are ignored.
+    out_dir: where plots go.
+
+  Returns:
+    The report text.
+  """
+  out_dir = pathlib.Path(out_dir)
+  runs = [r for r in runs if r.get("experiment") == EXPERIMENT]
+  if not runs:
+    return "patches: no runs"
+  by_protocol: dict = {}
+  for r in runs:
+    by_protocol.setdefault(r["config"].get("protocol", "run"), []).append(r)
+  lines: list[str] = []
+  if "select-lr" in by_protocol:
+    lines += _report_select(by_protocol["select-lr"])
+  if "run" in by_protocol:
+    lines += _report_main(by_protocol["run"], out_dir, "run")
+    lines += _report_frozen_share(by_protocol["run"])
+  if "sweep-n" in by_protocol:
+    lines += _report_sweep_n(by_protocol["sweep-n"], out_dir)
+  if "sweep-eps" in by_protocol:
+    sweep = by_protocol["sweep-eps"]
+    lines += _report_sweep_eps(sweep + _eps_references(sweep, by_protocol.get("run", [])), out_dir)
+  return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,266 @@
+"""Training one (arm, seed) of the image-patch benchmark.
+
+Batch 256 (the last partial batch of an epoch is kept, its padding weighted 0), plain
+cross-entropy (plus the soft arm's penalty), one jitted ``lax.scan`` over an epoch's
+batches; the batch order depends on the seed only (shared across arms).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+from typing import Optional
+
+import numpy as np
+
+from stiefax.experiments import cli
+from stiefax.experiments import patch_data
+from stiefax.experiments.arms import Arm
+from stiefax.experiments.patches import model as model_lib
+from stiefax.experiments.patches.settings import Setting
+from stiefax.experiments.patches.settings import learning_rates
+from stiefax.experiments.patches.settings import make_optimizer
+
+__all__ = ["EpochStats", "Trainer", "train"]
+
+#: Per-step outputs of :meth:`Trainer.epoch`, each of shape ``(steps,)``.
+EpochStats = tuple[Any, Any, Any, Any, Any, Any]
+
+
+class Trainer:
+  """The jitted epoch and evaluation of one (arm, setting, rates).
+
+  Built once and reused across seeds, so each arm compiles once. Everything it holds
+  is fixed at construction: the model, the optimizer ``tx``, the indices of the frame
+  parameters ``frame_ids`` (read from the model's abstract parameters) and the jitted
+  programs.
+
+  Attributes:
+    arm, setting, hp, tokens, num_classes: what it was built for.
+    model: the Flax module.
+    tx: the arm's optimizer.
+    frame_ids: leaf indices of W_Q, W_K in ``jax.tree.leaves(params)``.
+  """
+
+  def __init__(self, arm: Arm, setting: Setting, hp: dict, tokens: int, num_classes: int):
+    import jax  # pylint: disable=g-import-not-at-top
+    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+    self.arm, self.setting, self.hp = arm, setting, hp
+    self.tokens, self.num_classes = tokens, num_classes
+    progs = model_lib.programs(setting, tokens, num_classes)
+    self.model = progs.model
+    self.tx = make_optimizer(arm, setting, hp)
+    abstract = jax.eval_shape(
+      progs.init, jax.random.key(0), jax.ShapeDtypeStruct((1, tokens, setting.d), jnp.float32)
+    )
+    self.frame_ids: tuple[int, ...] = tuple(model_lib.frame_paths(abstract))
+    self._model_init = progs.init
+    self._predict = progs.predict
+    self._isometry = model_lib.isometry_fn()
+    self._tx_init = jax.jit(self.tx.init)
+    self._epoch = jax.jit(self._epoch_fn(), donate_argnums=(0, 1))
+
+  def _epoch_fn(self):
+    """``epoch(params, opt_state, xs, ys, idx, w) -> (params, opt_state, EpochStats)``."""
+    import jax  # pylint: disable=g-import-not-at-top
+    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+    import optax  # pylint: disable=g-import-not-at-top
+
+    import stiefax  # pylint: disable=g-import-not-at-top
+    from stiefax import geometry  # pylint: disable=g-import-not-at-top
+
+    model, tx, frame_ids = self.model, self.tx, self.frame_ids
+    lam = self.hp["penalty"]
+    spec = stiefax.FrameSpec()
+
+    def loss_fn(params, x, y, w):
+      logits = model.apply(params, x)
+      ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+      loss = jnp.sum(ce * w) / jnp.maximum(jnp.sum(w), 1.0)
+      total = loss
+      if lam is not None:
+        total = total + lam * stiefax.flax.orthogonality_penalty(params, stiefax.flax.qk_labels)
+      correct = jnp.sum((jnp.argmax(logits, -1) == y) * w)
+      return total, (loss, correct)
+
+    def frame_norm(frames):  # mean over frames of ||X||_F
+      return jnp.mean(jnp.sqrt(geometry.frame_sq_norm(frames)))
+
+    def epoch(params, opt_state, xs, ys, idx, w):
+      def step(carry, batch):
+        params, opt_state = carry
+        b_idx, b_w = batch
+        (_, (loss, correct)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+          params, xs[b_idx], ys[b_idx], b_w
+        )
+        updates, opt_state = tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        p_l, g_l, n_l = (jax.tree.leaves(t) for t in (params, grads, new_params))
+        stats = [jnp.zeros([], jnp.float32)] * 3
+        if frame_ids:
+          k = float(len(frame_ids))
+          w_f = [spec.to_frames(p_l[i]) for i in frame_ids]
+          g_f = [spec.to_frames(g_l[i]) for i in frame_ids]
+          stats = [
+            sum(frame_norm(g) for g in g_f) / k,
+            sum(frame_norm(geometry.stiefel_project(w, g)) for w, g in zip(w_f, g_f)) / k,
+            sum(frame_norm(spec.to_frames(n_l[i] - p_l[i])) for i in frame_ids) / k,
+          ]
+        return (new_params, opt_state), (loss * jnp.sum(b_w), correct, jnp.sum(b_w), *stats)
+
+      (params, opt_state), out = jax.lax.scan(step, (params, opt_state), (idx, w))
+      return params, opt_state, out
+
+    return epoch
+
+  def init(self, seed: int) -> tuple[Any, Any]:
+    """``(params, opt_state)`` of ``seed`` (see :func:`model.init_params`)."""
+    params = model_lib.init_params(
+      self.model, self.arm, seed, self.tokens, self.setting.d, self._model_init
+    )
+    return params, self._tx_init(params)
+
+  def epoch(self, params, opt_state, xs, ys, idx, w) -> tuple[Any, Any, EpochStats]:
+    """One epoch: a scan over the batches ``idx`` ``(S, B)`` with weights ``w``.
+
+    Returns the new ``(params, opt_state)`` (the arguments' buffers are donated) and
+    per step: the weighted loss sum, correct count, weight sum, and the mean frame
+    gradient, tangent-gradient and step norms.
+    """
+    return self._epoch(params, opt_state, xs, ys, idx, w)
+
+  def isometry(self, params) -> float:
+    """``max|W^T W - I|`` over the query/key frames."""
+    return float(self._isometry(params))
+
+  def accuracy(self, params, x: np.ndarray, y: np.ndarray, chunk: int = 1000) -> float:
+    """Accuracy over ``(x, y)`` in fixed-size chunks (the last one padded)."""
+    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+    if len(y) == 0:
+      return float("nan")
+    chunk = min(chunk, len(y))
+    correct = 0
+    for s in range(0, len(y), chunk):
+      xb = x[s : s + chunk]
+      n = xb.shape[0]
+      if n < chunk:
+        xb = np.concatenate([xb, np.zeros((chunk - n,) + xb.shape[1:], xb.dtype)])
+      pred = np.asarray(self._predict(params, jnp.asarray(xb)))[:n]
+      correct += int(np.sum(pred == y[s : s + n]))
+    return correct / len(y)
+
+  def batches(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """One epoch's batch indices ``(S, B)`` and weights (0 pads the last batch)."""
+    s, b = self.setting.steps_per_epoch, self.setting.batch_size
+    perm = rng.permutation(n)
+    idx = np.zeros(s * b, np.int32)
+    w = np.zeros(s * b, np.float32)
+    idx[:n], w[:n] = perm, 1.0
+    return idx.reshape(s, b), w.reshape(s, b)
+
+
+_HISTORY = (
+  "train_loss",
+  "train_acc",
+  "isometry",
+  "frame_grad_norm",
+  "frame_tangent_norm",
+  "frame_step_norm",
+  "epoch_time",
+  "lr_adamw",
+  "lr_riemannian",
+)
+
+
+def train(
+  trainer: Trainer,
+  data: patch_data.PatchData,
+  seed: int,
+  *,
+  eval_split: str = "test",
+  eval_every: int = 0,
+  progress: bool = True,
+  desc: str = "",
+) -> dict:
+  """Trains one (arm, seed) and returns ``{"metrics", "history", "wall_time"}``."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  s = trainer.setting
+  t_start = time.perf_counter()
+  xs, ys = jnp.asarray(data.train_x), jnp.asarray(data.train_y)
+  ex, ey = (data.test_x, data.test_y) if eval_split == "test" else (data.val_x, data.val_y)
+  params, opt_state = trainer.init(seed)
+  rng = np.random.default_rng([seed, 1])  # batch order: the seed's, shared across arms
+  hist: dict[str, list] = {k: [] for k in _HISTORY}
+  hist[f"{eval_split}_acc"] = []
+  hist[f"{eval_split}_acc_epoch"] = []
+  diverged = False
+  bar = cli.progress_bar(s.epochs, desc=desc, unit="ep", enabled=progress, leave=False)
+  for ep in range(s.epochs):
+    idx, w = trainer.batches(rng, data.train_x.shape[0])
+    t0 = time.perf_counter()
+    params, opt_state, out = trainer.epoch(
+      params, opt_state, xs, ys, jnp.asarray(idx), jnp.asarray(w)
+    )
+    loss_sum, correct, count, g, tg, st = (
+      np.asarray(o, np.float64) for o in jax.block_until_ready(out)
+    )
+    hist["epoch_time"].append(time.perf_counter() - t0)
+    hist["train_loss"].append(float(loss_sum.sum() / count.sum()))
+    hist["train_acc"].append(float(correct.sum() / count.sum()))
+    hist["frame_grad_norm"].append(float(g.mean()))
+    hist["frame_tangent_norm"].append(float(tg.mean()))
+    hist["frame_step_norm"].append(float(st.mean()))
+    hist["isometry"].append(trainer.isometry(params))
+    lr_adamw, lr_frames = learning_rates(s, trainer.hp, (ep + 1) * s.steps_per_epoch - 1)
+    hist["lr_adamw"].append(lr_adamw)
+    hist["lr_riemannian"].append(lr_frames)
+    bar.update(1)
+    if not math.isfinite(hist["train_loss"][-1]):
+      diverged = True
+      break
+    if eval_every and (ep + 1) % eval_every == 0 and ep + 1 < s.epochs:
+      hist[f"{eval_split}_acc"].append(trainer.accuracy(params, ex, ey))
+      hist[f"{eval_split}_acc_epoch"].append(ep + 1)
+    bar.set_postfix(
+      loss=f"{hist['train_loss'][-1]:.3f}",
+      acc=f"{hist['train_acc'][-1]:.3f}",
+      iso=f"{hist['isometry'][-1]:.1e}",
+    )
+  bar.close()
+  final_acc = trainer.accuracy(params, ex, ey)
+  hist[f"{eval_split}_acc"].append(final_acc)
+  hist[f"{eval_split}_acc_epoch"].append(len(hist["train_loss"]))
+  return {
+    "metrics": _metrics(hist, eval_split, final_acc, diverged),
+    "history": hist,
+    "wall_time": time.perf_counter() - t_start,
+  }
+
+
+def _metrics(hist: dict, eval_split: str, final_acc: float, diverged: bool) -> dict:
+  times = hist["epoch_time"]
+  steady = times[1:] if len(times) > 1 else times
+  late = max(1, len(hist["frame_step_norm"]) // 4)
+  tang = float(np.mean(hist["frame_tangent_norm"][-late:]))
+  step_per_grad: Optional[float] = None
+  if tang > 0:
+    step_per_grad = float(np.mean(hist["frame_step_norm"][-late:])) / tang
+  metrics = {
+    f"{eval_split}_acc": final_acc,
+    "isometry": hist["isometry"][-1],
+    "isometry_max": float(np.max(hist["isometry"])),
+    "wall_per_epoch": float(np.median(steady)),
+    "compile_time": float(max(0.0, times[0] - np.median(steady))) if len(times) > 1 else None,
+    "train_loss": hist["train_loss"][-1],
+    "train_acc": hist["train_acc"][-1],
+    "late_step_per_grad": step_per_grad,
+    "diverged": diverged,
+  }
+  if eval_split != "test":
+    metrics["test_acc"] = None
+  return metrics

@@ -1,0 +1,78 @@
+"""Shared helpers of the experiment tests: small data and configurations, error checks."""
+
+import pathlib
+import pickle
+import tarfile
+
+import numpy as np
+
+from stiefax.experiments import cli
+from stiefax.experiments import grok
+
+# A reduced grokking model (p = 23, d = 32, one layer): each run compiles in seconds.
+TINY_GROK = grok.GrokConfig(
+  modulus=23,
+  d_model=32,
+  num_heads=2,
+  head_dim=8,
+  num_layers=1,
+  readout_hidden=32,
+  learning_rate=1e-2,
+  epochs=80,
+  eval_every=20,
+)
+
+
+def images(rng, n, labels):
+  """Smooth, spatially correlated images with a class-dependent colour cast."""
+  coarse = rng.normal(0.0, 40.0, (n, 4, 4, 3))
+  x = np.kron(coarse, np.ones((1, 8, 8, 1))) + 128.0
+  x = x + 6.0 * (labels[:, None, None, None] - 4.5) * np.array([1.0, -1.0, 0.5])
+  x = x + rng.normal(0.0, 8.0, x.shape)
+  return np.clip(x, 0, 255).astype(np.uint8)
+
+
+def to_batch(x, y):
+  return {
+    b"data": x.transpose(0, 3, 1, 2).reshape(len(x), 3072),
+    b"labels": list(map(int, y)),
+    b"batch_label": b"synthetic",
+  }
+
+
+def write_cifar(root: pathlib.Path) -> dict:
+  """A CIFAR-10 python-format copy (5 x 120 training, 100 test images), folder and tar."""
+  folder = root / "cifar-10-batches-py"
+  folder.mkdir()
+  rng = np.random.default_rng(0)
+  train_x, train_y = [], []
+  for i in range(1, 6):
+    y = rng.integers(0, 10, 120)
+    x = images(rng, 120, y)
+    train_x.append(x)
+    train_y.append(y)
+    (folder / f"data_batch_{i}").write_bytes(pickle.dumps(to_batch(x, y)))
+  ty = rng.integers(0, 10, 100)
+  tx = images(rng, 100, ty)
+  (folder / "test_batch").write_bytes(pickle.dumps(to_batch(tx, ty)))
+  archive = root / "cifar-10-python.tar.gz"
+  with tarfile.open(archive, "w:gz") as tar:
+    tar.add(folder, arcname="cifar-10-batches-py")
+  return {
+    "folder": folder,
+    "archive": archive,
+    "train_x": np.concatenate(train_x),
+    "train_y": np.concatenate(train_y),
+    "test_x": tx,
+    "test_y": ty,
+  }
+
+
+def one_line_error(capsys, argv, match) -> str:
+  """Runs ``stiefax argv``: exit status 2 and one line on stderr that contains ``match``."""
+  rc = cli.main(argv)
+  err = capsys.readouterr().err.strip()
+  assert rc == 2, err
+  assert len(err.splitlines()) == 1 and "Traceback" not in err
+  assert match in err
+  return err
