@@ -59,11 +59,11 @@ def _column_moment(b1: float, b2: float, eps: float, axis: int) -> optax.Gradien
   def update_fn(updates, state, params=None):
     w, xi = spec.to_frames(params), spec.to_frames(updates)
     steps = optax.safe_increment(state.steps)
-    m = geometry.stiefel_project(w, b1 * spec.to_frames(state.mu) + (1 - b1) * xi)
+    m = geometry.stiefel_tangent(w, b1 * spec.to_frames(state.mu) + (1 - b1) * xi)
     v = b2 * state.nu + (1 - b2) * jnp.sum(jnp.square(xi), axis=axis, keepdims=True)
     m_hat = optax.tree_utils.tree_bias_correction(m, b1, steps)
     v_hat = optax.tree_utils.tree_bias_correction(v, b2, steps)
-    step = geometry.stiefel_project(w, m_hat / (jnp.sqrt(v_hat) + eps))
+    step = geometry.stiefel_tangent(w, m_hat / (jnp.sqrt(v_hat) + eps))
     return (
       spec.from_frames(step, updates.shape),
       _ColumnMomentState(steps, spec.from_frames(m, updates.shape), v),

@@ -105,7 +105,7 @@ class Trainer:
           g_f = [spec.to_frames(g_l[i]) for i in frame_ids]
           stats = [
             sum(frame_norm(g) for g in g_f) / k,
-            sum(frame_norm(geometry.stiefel_project(w, g)) for w, g in zip(w_f, g_f)) / k,
+            sum(frame_norm(geometry.stiefel_tangent(w, g)) for w, g in zip(w_f, g_f)) / k,
             sum(frame_norm(spec.to_frames(n_l[i] - p_l[i])) for i in frame_ids) / k,
           ]
         return (new_params, opt_state), (loss * jnp.sum(b_w), correct, jnp.sum(b_w), *stats)
