@@ -39,7 +39,7 @@ CPU_EIGH_HANGS = ("(12,768,64)", "(16,1024,64)", "12x(12,768,64)")
 
 def family(frames):
   """The optimizer-family rows of ``--family`` (kernels viewed through ``frames``)."""
-  row, cols, _ = frames._axes(4 if frames.row_axis == 1 else 3)
+  row, cols, _ = frames.axes(4 if frames.row_axis == 1 else 3)
   dims = optax.contrib.MuonDimensionNumbers(reduction_axis=row, output_axis=cols)
   return {
     "B2 retraction=qr": stiefax.riemannian_adam(retraction="qr", frames=frames),
