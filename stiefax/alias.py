@@ -25,7 +25,14 @@ from stiefax.labels import layout_of
 from stiefax.labels import path_names
 from stiefax.projections import project
 
-__all__ = ["MOMENTS", "FramesAndRestState", "riemannian_adam", "riemannian_sgd", "stiefel_adamw"]
+__all__ = [
+  "MOMENTS",
+  "FramesAndRestState",
+  "decay_mask",
+  "riemannian_adam",
+  "riemannian_sgd",
+  "stiefel_adamw",
+]
 
 #: Second-moment rules by name (``moment=`` of :func:`riemannian_adam`).
 MOMENTS = ("scalar", "elementwise")
@@ -205,7 +212,12 @@ def riemannian_sgd(
   )
 
 
-def _decay_mask(params):
+def decay_mask(params):
+  """The weight-decay mask of :func:`stiefel_adamw`: True on tensors of rank >= 2.
+
+  Matrices and kernels are decayed; biases, scales and other vectors are not (the
+  usual AdamW convention, as in ``optax.adamw(mask=...)``).
+  """
   return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
@@ -368,7 +380,7 @@ def stiefel_adamw(
 
   def euclidean():
     return optax.adamw(
-      learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=_decay_mask
+      learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask
     )
 
   return optax.partition(

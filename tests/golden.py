@@ -1,6 +1,6 @@
 """Float64 trajectories of every case of the common suite, frozen to a file.
 
-``tests/data/golden_f64.npz`` holds, for each case of :mod:`tests.test_common`, the
+``tests/data/golden_f64.npz`` holds, for each case of :mod:`tests.cases`, the
 params and every state leaf after ``STEPS`` float64 updates from fixed params and
 gradients. :mod:`tests.test_golden` checks the code against it to 1e-12, so a change
 that is meant to move code without changing behaviour is checked to be exactly that.
@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tests import test_common as common
+from tests import cases as common
 
 PATH = pathlib.Path(__file__).parent / "data" / "golden_f64.npz"
 STEPS = 6
@@ -38,7 +38,7 @@ def trajectory(name: str) -> dict[str, np.ndarray]:
   for i in range(STEPS):
     grads = common.make_grads(params, jax.random.key(1000 + i), 0.3)
     updates, state = update(grads, state, params)
-    params = common._step(case, params, updates)  # pylint: disable=protected-access
+    params = common.apply_step(case, params, updates)
   out = {}
   for prefix, tree in (("params", params), ("state", state)):
     for path, leaf in jax.tree_util.tree_leaves_with_path(tree):

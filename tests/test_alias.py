@@ -11,34 +11,13 @@ import pytest
 import stiefax
 from stiefax import FrameSpec
 from tests import reference as ref
-from tests.test_transforms import D
-from tests.test_transforms import H
-from tests.test_transforms import R
-from tests.test_transforms import kernel
-from tests.test_transforms import to_ref
-
-
-def trajectory(tx, w, grads):
-  """Applies ``tx`` (jitted) along a list of gradients; returns (iterates, final state)."""
-  state = tx.init(w)
-  step = jax.jit(tx.update)
-  out = []
-  for g in grads:
-    u, state = step(g, state, w)
-    w = optax.apply_updates(w, u)
-    out.append(w)
-  return out, state
-
-
-def run(tx, w, grads):
-  """Applies ``tx`` along a list of gradients; returns the list of iterates."""
-  return trajectory(tx, w, grads)[0]
-
-
-def random_grads(rng, n, shape, decades=3):
-  """Gradients whose scale spans ``decades`` orders of magnitude."""
-  scales = 10.0 ** rng.uniform(-decades / 2, decades / 2, size=n)
-  return [jnp.asarray(s * rng.standard_normal(shape)) for s in scales]
+from tests.kernels import D
+from tests.kernels import H
+from tests.kernels import R
+from tests.kernels import kernel
+from tests.kernels import random_grads
+from tests.kernels import run
+from tests.kernels import to_ref
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,9 @@ import pytest
 
 import stiefax
 from stiefax import FrameSpec
-from tests.test_alias import random_grads
-from tests.test_alias import trajectory as _trajectory
-from tests.test_transforms import kernel
+from tests.kernels import kernel
+from tests.kernels import random_grads
+from tests.kernels import trajectory as _trajectory
 
 
 def _max_diff(a, b):

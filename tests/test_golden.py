@@ -4,8 +4,8 @@ import jax
 import numpy as np
 import pytest
 
+from tests import cases as common
 from tests import golden
-from tests import test_common as common
 
 
 @pytest.fixture(scope="module")

@@ -96,3 +96,25 @@ def test_no_module_uses_another_modules_private_names(name):
     ):
       bad.append(f"{node.value.id}.{node.attr} (line {node.lineno})")
   assert not bad, f"stiefax/{name}.py uses private names of other modules: {bad}"
+
+
+def test_no_module_over_about_600_lines():
+  lengths = {
+    str(p.relative_to(PACKAGE.parent)): len(p.read_text(encoding="utf-8").splitlines())
+    for p in PACKAGE.rglob("*.py")
+  }
+  too_long = {name: n for name, n in lengths.items() if n > 650}
+  assert not too_long, too_long
+
+
+def test_tests_do_not_import_test_modules():
+  """Shared test helpers live in helper modules (cases, kernels, harness, reference)."""
+  tests = pathlib.Path(__file__).resolve().parent
+  offenders = []
+  for path in tests.glob("*.py"):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      if isinstance(node, ast.ImportFrom) and node.module:
+        mods = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        if any(m.startswith("tests.test_") for m in mods):
+          offenders.append(f"{path.name}: from {node.module} import ...")
+  assert not offenders, offenders

@@ -19,7 +19,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 import stiefax
-from tests.test_transforms import kernel
+from tests.kernels import kernel
 
 LONG = bool(os.environ.get("STIEFAX_LONG_TESTS"))
 ALL_METHODS = ["auto", "newton_schulz", "eigh", "svd", "qdwh"]

@@ -11,8 +11,11 @@ import pytest
 import stiefax
 from stiefax import FrameSpec
 from tests import reference as ref
-
-D, H, R = 12, 3, 4  # kernels (d_model, heads, head_dim)
+from tests.kernels import D
+from tests.kernels import H
+from tests.kernels import R
+from tests.kernels import kernel
+from tests.kernels import to_ref
 
 # name -> factory(frames) of every transform that reads the current point.
 NEEDS_PARAMS = {
@@ -33,16 +36,6 @@ TANGENT_OUTPUT = [
   "scalar_moment",
   "elementwise_moment",
 ]
-
-
-def kernel(rng, shape=(D, H, R), dtype=np.float64):
-  """A (d, heads, r) kernel whose frames [:, h, :] are orthonormal."""
-  w = ref.random_frames(rng, (shape[1], shape[0], shape[2]))
-  return jnp.asarray(np.transpose(w, (1, 0, 2)), dtype)
-
-
-def to_ref(x):
-  return np.transpose(np.asarray(x, np.float64), (1, 0, 2))
 
 
 @pytest.mark.parametrize("name", sorted(NEEDS_PARAMS))

@@ -48,10 +48,10 @@ class Hyper:
 
 
 def decay_mask(params: Any) -> Any:
-  """True on the tensors of rank >= 2: the decay rule of ``stiefax.stiefel_adamw``."""
-  import jax  # pylint: disable=g-import-not-at-top
+  """True on the tensors of rank >= 2: :func:`stiefax.alias.decay_mask`."""
+  from stiefax import alias  # pylint: disable=g-import-not-at-top
 
-  return jax.tree.map(lambda p: p.ndim >= 2, params)
+  return alias.decay_mask(params)
 
 
 def frame_rule(arm: Arm, h: Hyper):
