@@ -383,3 +383,17 @@ def test_optimizer_family_arms_run_end_to_end_on_digits(tmp_path, capsys):
   assert cli.main(argv_lr) == 0
   assert "seed 0   test acc" not in capsys.readouterr().out  # nothing trained again
   assert len(list(out.glob("run-*.json"))) == len(runs)
+
+
+def test_optimizer_family_arms_are_paired_with_b2(tmp_path):
+  # docs/optimizers.md reads each new arm's paired difference to B2 from this table.
+  runs = [_fake("A2", s, 0.39) for s in range(3)]
+  runs += [_fake("B2", s, 0.46 + 0.001 * s) for s in range(3)]
+  runs += [_fake("B2-qr", s, 0.47 + 0.002 * s) for s in range(3)]
+  runs += [_fake("A2-muon", s, 0.44) for s in range(2)]
+  text = patches.report(runs, tmp_path)
+  qr = next(line for line in text.splitlines() if line.startswith("QR retraction"))
+  assert "B2-qr - B2" in qr and "+1.10" in qr and "3/3" in qr
+  muon = next(line for line in text.splitlines() if line.startswith("Muon, free frames"))
+  assert "-2.00" in muon and "0/2" in muon  # paired on the two seeds both arms have
+  assert not any(line.startswith("manifold Muon") for line in text.splitlines())

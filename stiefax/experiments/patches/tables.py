@@ -75,6 +75,11 @@ CONTRASTS = (
   ("projector (a)", "B2", "grassmann", "Stiefel vs Grassmann projector, adaptive step"),
   ("second moment", "B2", "elementwise", "scalar vs elementwise v"),
   ("corrected vs PA16", "B2", "B2-SGD", "all three changes at once"),
+  # The Stiefel optimizer family (docs/optimizers.md), each against B2.
+  ("manifold Muon", "B2-mmuon", "B2", "spectral-norm steepest descent vs Riemannian Adam"),
+  ("QR retraction", "B2-qr", "B2", "QR vs polar retraction, same step"),
+  ("Cayley retraction", "B2-cayley", "B2", "Cayley vs polar retraction, same step"),
+  ("Muon, free frames", "A2-muon", "B2", "orthogonalized updates, frames unconstrained"),
 )
 
 
