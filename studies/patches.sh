@@ -12,6 +12,12 @@
 # thread settings), so the rest of the machine stays usable; the order puts the
 # runs that decide the headline claims first, seed by seed, so that a partial study
 # is already paired.
+#
+# Two instances may share OUT, one per core: STIEFAX_CORE=0 STIEFAX_WORKER=0/2 and
+# STIEFAX_CORE=1 STIEFAX_WORKER=1/2. Worker k of K first runs the commands whose index
+# is k modulo K (no two commands share a run), then every command in order, which
+# skips finished runs and waits for a run another instance has claimed; so each
+# instance ends only when the whole study is finished.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${1:-../shared/data/cifar10-jpeg.tar.gz}
@@ -20,7 +26,11 @@ CORE=${STIEFAX_CORE:-1}
 export XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 TF_NUM_INTEROP_THREADS=1
 
-patches() { taskset -c "$CORE" stiefax patches --data "$DATA" --no-progress "$@"; }
+WORKER=${STIEFAX_WORKER:-0/1}
+
+# The study is a list of commands, collected here and run at the end.
+study=()
+patches() { study+=("$(printf '%q ' "$@")"); }
 
 # 1. Table 6 core: A2, frozen, B2 (n=10k, 40 epochs, depth 1, AdamW 1e-2), seeds 0-11.
 for s in $(seq 0 11); do
@@ -51,5 +61,13 @@ done
 # 6. Table 3: data-size sweep at about 2 000 steps.
 for s in 0 1 2; do
   patches sweep-n --arms A2,B2 --seeds "$s" --out "$OUT/sweep-n"
+done
+run() { eval "taskset -c \"\$CORE\" stiefax patches --data \"\$DATA\" --no-progress ${study[$1]}"; }
+k=${WORKER%/*} K=${WORKER#*/}
+for i in "${!study[@]}"; do
+  if ((i % K == k)); then run "$i"; fi
+done
+for i in "${!study[@]}"; do
+  run "$i"
 done
 echo "patches study: every run is finished"
