@@ -272,6 +272,7 @@ def test_report_tables_from_runs(tmp_path):
   rows = {line.split()[0]: line for line in text.splitlines() if line[:1].isdigit()}
   assert "31.00 ± 0.82" in rows["1000"] and "+2.00" in rows["1000"]
   assert "+10.00" in rows["5000"] and "3/3" in rows["5000"]
+  assert "[+1.80, +2.20]" in rows["1000"]  # paired diffs 1.8, 2.0, 2.2: CI spans min..max
   assert "-2.60" in rows["1e-01"] and "0/3" in rows["1e-01"]
   assert (tmp_path / "patches_sweep_n.png").is_file()
   assert patches.report([], tmp_path) == "patches: no runs"
