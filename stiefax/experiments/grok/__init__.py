@@ -34,7 +34,7 @@ Presets:
                    and the isometry contrast shows (A2 far above 1e-2, B2 at float32
                    rounding). Measured time: see the README.
   paper            the exact configuration: 20 000 epochs, evaluation every 100
-                   (about 75 minutes per arm on a quiet 2-core CPU).
+                   (about 2 hours per arm on an idle 2-core CPU).
 --stabilize runs the Power et al. setting (b2 0.98 and a 10-step linear warm-up, for
 the AdamW and the Riemannian rate alike).
 
