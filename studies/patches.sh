@@ -16,8 +16,9 @@
 # Two instances may share OUT, one per core: STIEFAX_CORE=0 STIEFAX_WORKER=0/2 and
 # STIEFAX_CORE=1 STIEFAX_WORKER=1/2. Worker k of K first runs the commands whose index
 # is k modulo K (no two commands share a run), then every command in order, which
-# skips finished runs and waits for a run another instance has claimed; so each
-# instance ends only when the whole study is finished.
+# skips finished runs, trains the runs no instance holds, then waits for the runs
+# another instance is training; so each instance ends only when the whole study is
+# finished.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${1:-../shared/data/cifar10-jpeg.tar.gz}

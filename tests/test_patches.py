@@ -207,6 +207,68 @@ def test_digits_default_runs_end_to_end(tmp_path, capsys):
   assert "moved the earlier" in capsys.readouterr().err
 
 
+def test_a_held_run_is_passed_over_until_every_free_run_is_trained(tmp_path, capsys, monkeypatch):
+  """Another process holds an A2 selection run: this one trains B2 first, then waits."""
+  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+
+  out = tmp_path / "runs"
+  held = "select-lr-A2-n256-k0.003-"
+  polls = []
+  real_acquire = store.RunLock.acquire
+
+  def acquire(lock):
+    # "Another process" holds the A2 run at rate 3e-3 until B2's final run is written.
+    if lock.path.name.startswith(held) and not list(out.glob("run-B2-*.json")):
+      polls.append(lock.path.name)
+      assert len(polls) < 3, "waited for a held run while B2's runs were free"
+      return False
+    return real_acquire(lock)
+
+  monkeypatch.setattr(store.RunLock, "acquire", acquire)
+  argv = [
+    "patches",
+    "--arms",
+    "A2,B2",
+    "--seeds",
+    "0",
+    "--epochs",
+    "2",
+    "--warmup-epochs",
+    "1",
+    "--n-train",
+    "256",
+    "--n-val",
+    "128",
+    "--depth",
+    "1",
+    "--mlp-ratio",
+    "1",
+    "--select-lr",
+    "--grid",
+    "A2=0.001:0.003,B2=1.0",
+    "--out",
+    str(out),
+    "--cache",
+    str(tmp_path / "cache"),
+    "--no-progress",
+  ]
+  assert cli.main(argv) == 0
+  text = capsys.readouterr().out
+  assert polls == [polls[0]] and polls[0].startswith(held)  # asked once, then passed over
+  assert "coming back to it after the other runs" in text
+  assert "second pass: 1 run(s) were held by other processes" in text
+  # B2 (selection and final run) trained in the first pass; A2 is selected only once its
+  # held run is in, and its final run uses the selected rate.
+  first, second = text.split("second pass:")
+  assert re.search(r"^  B2 +seed 0 +test acc", first, re.M)
+  assert "selected A2" not in first and not re.search(r"^  A2 +seed 0 +test acc", first, re.M)
+  rate = float(re.search(r"^selected A2: ([0-9.e-]+)", second, re.M).group(1))
+  (a2,) = [json.loads(p.read_text()) for p in out.glob("run-A2-*.json")]
+  assert a2["config"]["adamw_lr"] == pytest.approx(rate)
+  assert len(list(out.glob("select-lr-*.json"))) == 3
+  assert not list(out.glob("*.lock"))
+
+
 def _fake(arm, seed, acc, protocol="run", n=10_000, eps=1e-8):
   cfg = {
     "protocol": protocol,

@@ -2,8 +2,10 @@
 
 Every run is one JSON file in ``--out`` (:mod:`stiefax.experiments.store`: written
 atomically, never overwritten); a run whose file holds the same configuration is not
-trained again, and a lock on ``<run>.lock`` lets several processes share one ``--out``
-(each waits for a run another process is training, then reads its result).
+trained again, and a lock on ``<run>.lock`` lets several processes share one ``--out``.
+A command runs its protocol in two passes: the first trains every run no other process
+holds and passes over the held ones; the second, only if the first passed over some,
+waits for each of those and reads its result (or trains it, if its holder stopped).
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ class Context:
   cache: Optional[pathlib.Path]
   progress: bool
   defaults: dict
+  # First pass: runs held by another process are passed over (their names go to
+  # ``deferred``); second pass: they are waited for. ``done`` holds every run this
+  # command has trained or read, by file name, so the second pass never repeats one.
+  defer_held: bool = False
+  deferred: list = dataclasses.field(default_factory=list)
+  done: dict = dataclasses.field(default_factory=dict)
 
 
 def defaults(args: argparse.Namespace) -> dict:
@@ -169,9 +177,20 @@ def _execute(
   trainer: Optional[Trainer] = None
   for seed in seeds:
     path = ctx.out / runs.run_name(protocol, arm.name, cfg, seed)
-    done = _finished(ctx, path, cfg)
+    done = ctx.done.get(path.name) or _finished(ctx, path, cfg)
     if done is not None:
+      ctx.done[path.name] = done
       results.append(done)
+      continue
+    lock = store.RunLock(path.with_suffix(".lock"))
+    if ctx.defer_held and not lock.acquire():
+      holder = lock.holder() or {}
+      print(
+        f"  {arm.name} seed {seed}: being trained by process {holder.get('pid', '?')} on"
+        f" {holder.get('host', '?')}; coming back to it after the other runs",
+        flush=True,
+      )
+      ctx.deferred.append(path.name)
       continue
 
     def waiting(holder: dict, seed=seed) -> None:
@@ -181,9 +200,10 @@ def _execute(
         flush=True,
       )
 
-    with store.claim(store.RunLock(path.with_suffix(".lock")), on_wait=waiting):
+    with store.claim(lock, on_wait=waiting):
       done = _finished(ctx, path, cfg)  # finished by another process meanwhile?
       if done is not None:
+        ctx.done[path.name] = done
         results.append(done)
         continue
       if trainer is None:
@@ -207,6 +227,7 @@ def _execute(
         **out,
       }
       _write(path, rec)
+      ctx.done[path.name] = rec
     m = rec["metrics"]
     acc = m.get(f"{eval_split}_acc")
     print(
@@ -234,7 +255,8 @@ def _select(
 ) -> tuple[dict, list]:
   """``--select-lr``: the knob with the best mean validation accuracy, per arm.
 
-  Returns ``({arm: knob}, selection runs)``.
+  Returns ``({arm: knob}, selection runs)``. An arm with a selection run passed over
+  (held by another process, in the first pass) has no choice yet and is left out.
   """
   seeds = args_lib.ints(ctx.args.select_seeds, "--select-seeds")
   chosen: dict = {}
@@ -242,9 +264,16 @@ def _select(
   for arm in arms:
     grid = grids.get(arm.name, arm.grid)
     best: Optional[tuple[float, float]] = None
+    held = len(ctx.deferred)
+    per_knob = []
     for knob in grid:
       res = _execute(ctx, "select-lr", arm, setting, knob, data, seeds, eval_split="val")
       runs_ += res
+      per_knob.append((knob, res))
+    if len(ctx.deferred) > held:
+      print(f"selection for {arm.name}: waits for runs held by other processes", flush=True)
+      continue
+    for knob, res in per_knob:
       acc = float(np.mean([r["metrics"]["val_acc"] for r in res]))
       if best is None or acc > best[1]:
         best = (knob, acc)
@@ -267,6 +296,7 @@ def _protocol_run(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int]) -> li
   knobs = _knobs(ctx)
   setting = make_setting(a, dflt, n_train, epochs)
   out: list[dict] = []
+  undecided: set = set()
   if a.select_lr:
     pool = ctx.images.train_x.shape[0]
     n_val = a.n_val if a.n_val is not None else min(5000, pool - n_train)
@@ -280,8 +310,10 @@ def _protocol_run(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int]) -> li
       k: [args_lib.knob(x, "--grid") for x in v.split(":")]
       for k, v in args_lib.arm_map(a.grid, "--grid").items()
     }
-    chosen, out = _select(ctx, [arm for arm in arms if arm.name != "frozen"], setting, data, grids)
+    selected = [arm for arm in arms if arm.name != "frozen"]
+    chosen, out = _select(ctx, selected, setting, data, grids)
     knobs.update(chosen)
+    undecided = {arm.name for arm in selected} - set(chosen)
   # The runs hold no validation slice: the training images and the whitening fit do not
   # depend on it, so a run at a selected rate has the same configuration (and pairs in
   # the report) with a run given that rate by --lr.
@@ -293,6 +325,8 @@ def _protocol_run(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int]) -> li
     flush=True,
   )
   for arm in arms:
+    if arm.name in undecided:
+      continue  # its selection waits for another process: trained in the second pass
     out += _execute(ctx, "run", arm, setting, knobs.get(arm.name), data, seeds)
   return out
 
@@ -369,7 +403,16 @@ def run(args: argparse.Namespace) -> int:
   out = writable_dir(pathlib.Path(args.out).expanduser(), "--out")  # fail before training
   ctx = Context(args, images, out, cache, progress, defaults(args))
   t0 = time.perf_counter()
-  done = PROTOCOL_FNS[args.protocol](ctx, arms, seeds)
+  protocol = PROTOCOL_FNS[args.protocol]
+  ctx.defer_held = True
+  done = protocol(ctx, arms, seeds)
+  if ctx.deferred:
+    print(
+      f"\nsecond pass: {len(ctx.deferred)} run(s) were held by other processes; waiting for them",
+      flush=True,
+    )
+    ctx.defer_held, ctx.deferred = False, []
+    done = protocol(ctx, arms, seeds)
   print(f"\n{len(done)} runs in {time.perf_counter() - t0:.1f} s; results in {ctx.out}\n")
   print(tables.report(done, ctx.out))
   return 0
