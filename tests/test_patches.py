@@ -208,7 +208,7 @@ def test_digits_default_runs_end_to_end(tmp_path, capsys):
 
 
 def test_a_held_run_is_passed_over_until_every_free_run_is_trained(tmp_path, capsys, monkeypatch):
-  """Another process holds an A2 selection run: this one trains B2 first, then waits."""
+  """Another process holds an A2 selection run: this one trains frozen first, then waits."""
   from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
 
   out = tmp_path / "runs"
@@ -217,10 +217,10 @@ def test_a_held_run_is_passed_over_until_every_free_run_is_trained(tmp_path, cap
   real_acquire = store.RunLock.acquire
 
   def acquire(lock):
-    # "Another process" holds the A2 run at rate 3e-3 until B2's final run is written.
-    if lock.path.name.startswith(held) and not list(out.glob("run-B2-*.json")):
+    # "Another process" holds the A2 run at rate 3e-3 until the frozen run is written.
+    if lock.path.name.startswith(held) and not list(out.glob("run-frozen-*.json")):
       polls.append(lock.path.name)
-      assert len(polls) < 3, "waited for a held run while B2's runs were free"
+      assert len(polls) < 3, "waited for a held run while the frozen run was free"
       return False
     return real_acquire(lock)
 
@@ -228,7 +228,7 @@ def test_a_held_run_is_passed_over_until_every_free_run_is_trained(tmp_path, cap
   argv = [
     "patches",
     "--arms",
-    "A2,B2",
+    "A2,frozen",
     "--seeds",
     "0",
     "--epochs",
@@ -245,7 +245,7 @@ def test_a_held_run_is_passed_over_until_every_free_run_is_trained(tmp_path, cap
     "1",
     "--select-lr",
     "--grid",
-    "A2=0.001:0.003,B2=1.0",
+    "A2=0.001:0.003",
     "--out",
     str(out),
     "--cache",
@@ -257,15 +257,15 @@ def test_a_held_run_is_passed_over_until_every_free_run_is_trained(tmp_path, cap
   assert polls == [polls[0]] and polls[0].startswith(held)  # asked once, then passed over
   assert "coming back to it after the other runs" in text
   assert "second pass: 1 run(s) were held by other processes" in text
-  # B2 (selection and final run) trained in the first pass; A2 is selected only once its
+  # The frozen run (it has no rate to select) trained in the first pass; A2 is selected only once its
   # held run is in, and its final run uses the selected rate.
   first, second = text.split("second pass:")
-  assert re.search(r"^  B2 +seed 0 +test acc", first, re.M)
+  assert re.search(r"^  frozen +seed 0 +test acc", first, re.M)
   assert "selected A2" not in first and not re.search(r"^  A2 +seed 0 +test acc", first, re.M)
   rate = float(re.search(r"^selected A2: ([0-9.e-]+)", second, re.M).group(1))
   (a2,) = [json.loads(p.read_text()) for p in out.glob("run-A2-*.json")]
   assert a2["config"]["adamw_lr"] == pytest.approx(rate)
-  assert len(list(out.glob("select-lr-*.json"))) == 3
+  assert len(list(out.glob("select-lr-*.json"))) == 2
   assert not list(out.glob("*.lock"))
 
 
