@@ -392,6 +392,13 @@ def test_eps_probe_uses_the_main_study_as_its_reference(tmp_path):
   rows = {line.split()[0]: line for line in text.splitlines() if line.startswith("1e-")}
   assert rows["1e-08"].split()[1] == "3" and "-2.90" in rows["1e-01"]
   assert "0/3" in rows["1e-01"] and (tmp_path / "patches_sweep_eps_B2.png").is_file()
+  assert "the smallest here" not in text
+  # Without the main study, the smallest eps of the probe is the baseline, and it says so.
+  alone = patches.report(
+    probe + [_fake("B2", s, 0.42, "sweep-eps", eps=1e-6) for s in range(3)], tmp_path
+  )
+  assert "Δ vs 1e-06 pp" in alone
+  assert "paired against eps=1e-06, the smallest here: no B2 run at the default eps=1e-08" in alone
 
 
 def test_optimizer_family_arms_run_end_to_end_on_digits(tmp_path, capsys):

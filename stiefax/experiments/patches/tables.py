@@ -23,6 +23,7 @@ from stiefax.experiments.patches.runs import knob_of
 from stiefax.experiments.patches.runs import run_identity
 from stiefax.experiments.patches.settings import ARMS
 from stiefax.experiments.patches.settings import EXPERIMENT
+from stiefax.experiments.patches.settings import Setting
 from stiefax.experiments.reporting import num as _num
 from stiefax.experiments.reporting import paired_cells as _paired_cells
 from stiefax.experiments.reporting import table as _table
@@ -316,6 +317,13 @@ def _report_sweep_eps(runs: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
     )
     if png:
       lines.append(f"  plot: {png}")
+    default = Setting.eps
+    if ref_eps > default:
+      lines.append(
+        f"  paired against eps={ref_eps:.0e}, the smallest here: no {arm} run at the default"
+        f" eps={default:.0e} in this setting; report these runs with a folder that has them"
+        " (such as the main study's) to pair against the default"
+      )
     lines.append("")
   return lines
 
