@@ -32,6 +32,26 @@ def cifar(tmp_path_factory):
   return harness.write_cifar(tmp_path_factory.mktemp("cifar"))
 
 
+def digits_argv(tmp_path, *args):
+  """``stiefax patches`` on digits with a one-block, narrow-MLP model, writing to
+  ``tmp_path / "runs"``, then ``args``."""
+  return [
+    "patches",
+    *args,
+    "--warmup-epochs",
+    "1",
+    "--depth",
+    "1",
+    "--mlp-ratio",
+    "1",
+    "--out",
+    str(tmp_path / "runs"),
+    "--cache",
+    str(tmp_path / "cache"),
+    "--no-progress",
+  ]
+
+
 def test_arm_names_and_aliases():
   assert patches.arm_by_name("pa16").name == "B2-SGD"
   assert patches.arm_by_name("b2").name == "B2"
@@ -162,28 +182,7 @@ def test_cli_paired_seeds_and_report(cifar, tmp_path, capsys):
 
 def test_digits_default_runs_end_to_end(tmp_path, capsys):
   out = tmp_path / "runs"
-  argv = [
-    "patches",
-    "--arms",
-    "B2",
-    "--seeds",
-    "0",
-    "--epochs",
-    "6",
-    "--warmup-epochs",
-    "1",
-    "--n-train",
-    "512",
-    "--depth",
-    "1",
-    "--mlp-ratio",
-    "1",
-    "--out",
-    str(out),
-    "--cache",
-    str(tmp_path / "cache"),
-    "--no-progress",
-  ]
+  argv = digits_argv(tmp_path, "--arms", "B2", "--seeds", "0", "--epochs", "6", "--n-train", "512")
   assert cli.main(argv) == 0
   (run,) = [json.loads(p.read_text()) for p in out.glob("*.json")]
   assert run["config"]["dataset"] == "digits" and run["config"]["tokens"] == 4
@@ -225,40 +224,18 @@ def test_a_held_run_is_passed_over_until_every_free_run_is_trained(tmp_path, cap
     return real_acquire(lock)
 
   monkeypatch.setattr(store.RunLock, "acquire", acquire)
-  argv = [
-    "patches",
-    "--arms",
-    "A2,frozen",
-    "--seeds",
-    "0",
-    "--epochs",
-    "2",
-    "--warmup-epochs",
-    "1",
-    "--n-train",
-    "256",
-    "--n-val",
-    "128",
-    "--depth",
-    "1",
-    "--mlp-ratio",
-    "1",
-    "--select-lr",
-    "--grid",
-    "A2=0.001:0.003",
-    "--out",
-    str(out),
-    "--cache",
-    str(tmp_path / "cache"),
-    "--no-progress",
-  ]
+  argv = digits_argv(
+    tmp_path,
+    *("--arms", "A2,frozen", "--seeds", "0", "--epochs", "2", "--n-train", "256"),
+    *("--n-val", "128", "--select-lr", "--grid", "A2=0.001:0.003"),
+  )
   assert cli.main(argv) == 0
   text = capsys.readouterr().out
   assert polls == [polls[0]] and polls[0].startswith(held)  # asked once, then passed over
   assert "coming back to it after the other runs" in text
   assert "second pass: 1 run(s) were held by other processes" in text
-  # The frozen run (it has no rate to select) trained in the first pass; A2 is selected only once its
-  # held run is in, and its final run uses the selected rate.
+  # The frozen run (no rate to select) trained in the first pass; A2 is selected only
+  # once its held run is in, and its final run uses the selected rate.
   first, second = text.split("second pass:")
   assert re.search(r"^  frozen +seed 0 +test acc", first, re.M)
   assert "selected A2" not in first and not re.search(r"^  A2 +seed 0 +test acc", first, re.M)
@@ -403,31 +380,12 @@ def test_eps_probe_uses_the_main_study_as_its_reference(tmp_path):
 
 def test_optimizer_family_arms_run_end_to_end_on_digits(tmp_path, capsys):
   out = tmp_path / "runs"
-  argv = [
-    "patches",
-    "--arms",
-    ",".join(patches.OPTIMIZER_ARMS),
-    "--seeds",
-    "0",
-    "--epochs",
-    "3",
-    "--warmup-epochs",
-    "1",
-    "--n-train",
-    "256",
-    "--mlp-ratio",
-    "1",
-    "--select-lr",
-    "--n-val",
-    "128",
-    "--out",
-    str(out),
-    "--grid",
-    "B2-mmuon=0.02:0.05,A2-muon=0.02,B2-qr=1.0,B2-cayley=1.0",
-    "--cache",
-    str(tmp_path / "cache"),
-    "--no-progress",
-  ]
+  argv = digits_argv(
+    tmp_path,
+    *("--arms", ",".join(patches.OPTIMIZER_ARMS), "--seeds", "0", "--epochs", "3"),
+    *("--n-train", "256", "--select-lr", "--n-val", "128"),
+    *("--grid", "B2-mmuon=0.02:0.05,A2-muon=0.02,B2-qr=1.0,B2-cayley=1.0"),
+  )
   assert cli.main(argv) == 0
   runs = [json.loads(p.read_text()) for p in out.glob("run-*.json")]
   by_arm = {r["arm"]: r for r in runs}
