@@ -223,6 +223,11 @@ class RunLock:
     obj, _ = read_json(self.path)
     return obj if isinstance(obj, dict) else None
 
+  def held_by(self) -> str:
+    """``"process <pid> on <host>"`` for messages (``?`` where the holder is unknown)."""
+    info = self.holder() or {}
+    return f"process {info.get('pid', '?')} on {info.get('host', '?')}"
+
   def __enter__(self) -> RunLock:
     return self
 

@@ -225,10 +225,8 @@ def run(args: argparse.Namespace) -> int:
     lock = store.RunLock(job.lock_path)
     if not lock.acquire():
       if key not in waiting:
-        holder = lock.holder() or {}
         print(
-          f"  {job.arm} seed {job.seed}: being trained by process"
-          f" {holder.get('pid', '?')} on {holder.get('host', '?')}; waiting for it",
+          f"  {job.arm} seed {job.seed}: being trained by {lock.held_by()}; waiting for it",
           flush=True,
         )
         waiting.add(key)

@@ -183,23 +183,17 @@ def _execute(
       results.append(done)
       continue
     lock = store.RunLock(path.with_suffix(".lock"))
+
+    def held(then: str, lock=lock, seed=seed) -> None:
+      print(f"  {arm.name} seed {seed}: being trained by {lock.held_by()}; {then}", flush=True)
+
+    def waiting(_holder: dict, held=held) -> None:
+      held("waiting for it")
+
     if ctx.defer_held and not lock.acquire():
-      holder = lock.holder() or {}
-      print(
-        f"  {arm.name} seed {seed}: being trained by process {holder.get('pid', '?')} on"
-        f" {holder.get('host', '?')}; coming back to it after the other runs",
-        flush=True,
-      )
+      held("coming back to it after the other runs")
       ctx.deferred.append(path.name)
       continue
-
-    def waiting(holder: dict, seed=seed) -> None:
-      print(
-        f"  {arm.name} seed {seed}: being trained by process {holder.get('pid', '?')} on"
-        f" {holder.get('host', '?')}; waiting for it",
-        flush=True,
-      )
-
     with store.claim(lock, on_wait=waiting):
       done = _finished(ctx, path, cfg)  # finished by another process meanwhile?
       if done is not None:
