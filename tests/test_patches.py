@@ -65,6 +65,7 @@ def test_arm_names_and_aliases():
     "grassmann",
     "soft",
     *patches.OPTIMIZER_ARMS,
+    *patches.LOGIT_ARMS,
   }
   assert set(patches.OPTIMIZER_ARMS) == {"B2-mmuon", "A2-muon", "B2-qr", "B2-cayley"}
   setting = patches.Setting(n_train=10_000, epochs=40)

@@ -3,7 +3,8 @@
 An arm says how the query/key frames W_Q, W_K are trained (``frames``: the frame rule
 and its keyword arguments ``options``), where they start (``orthonormal``) and, for a
 few arms, what they change in the rest of the model (circuit weight decay, circuit
-init scale, the soft orthogonality penalty). The rates and the other hyperparameters
+init scale, the soft orthogonality penalty) or how the attention reads them
+(``attention``: plain, QK-norm or σReparam, :mod:`stiefax.experiments.attention`). The rates and the other hyperparameters
 come from the experiment's setting; :mod:`stiefax.experiments.optim` builds the
 optimizer. Each command offers a subset (:func:`select`), in its own order.
 
@@ -26,7 +27,7 @@ from typing import Iterable
 from typing import Mapping
 from typing import Optional
 
-__all__ = ["FRAME_RULES", "Arm", "ARMS", "ALIASES", "select", "lookup"]
+__all__ = ["FRAME_RULES", "ATTENTION", "Arm", "ARMS", "ALIASES", "select", "lookup"]
 
 FRAME_RULES = (
   "adamw",
@@ -37,6 +38,9 @@ FRAME_RULES = (
   "muon",
   "zero",
 )
+
+#: How an arm's attention reads W_Q, W_K (:mod:`stiefax.experiments.attention`).
+ATTENTION = ("plain", "qknorm", "sigma")
 
 
 def _frozen(d: Optional[Mapping] = None) -> Mapping:
@@ -59,6 +63,8 @@ class Arm:
     penalty: adds ``lambda * ||W^T W - I||_F^2`` to the loss (``stiefax patches``).
     weight_decay: the circuit's decay (``None``: the setting's).
     circuit_init_scale: multiplies every non-frame matrix at init.
+    attention: ``plain``, ``qknorm`` (LayerNorm on each head's q and k) or ``sigma``
+      (σReparam on W_Q, W_K); see :mod:`stiefax.experiments.attention`.
   """
 
   name: str
@@ -71,8 +77,13 @@ class Arm:
   penalty: bool = False
   weight_decay: Optional[float] = None
   circuit_init_scale: float = 1.0
+  attention: str = "plain"
 
   def __post_init__(self):
+    if self.attention not in ATTENTION:
+      raise ValueError(
+        f"Arm {self.name!r}: attention={self.attention!r}; choose from {', '.join(ATTENTION)}"
+      )
     if self.frames not in FRAME_RULES:
       raise ValueError(
         f"Arm {self.name!r}: frames={self.frames!r}; choose from {', '.join(FRAME_RULES)}"
@@ -96,11 +107,35 @@ ARMS: Mapping[str, Arm] = types.MappingProxyType(
       Arm("A2", "AdamW + Xavier", "adamw", orthonormal=False, grid=_ADAMW_GRID),
       Arm("A2-orth", "AdamW, orthonormal W_Q, W_K init", "adamw", grid=_ADAMW_GRID),
       Arm(
+        "A2-qknorm",
+        "AdamW + Xavier, QK-norm (LayerNorm on each head's q and k, learned scale)",
+        "adamw",
+        orthonormal=False,
+        grid=_ADAMW_GRID,
+        attention="qknorm",
+      ),
+      Arm(
+        "A2-sigma",
+        "AdamW + Xavier, sigmaReparam W_Q, W_K (gamma W / sigma(W))",
+        "adamw",
+        orthonormal=False,
+        grid=_ADAMW_GRID,
+        attention="sigma",
+      ),
+      Arm(
         "B2",
         "Riemannian Adam (Stiefel projector, scalar v)",
         "riemannian_adam",
         rate=1.0,
         grid=_RADAM_GRID,
+      ),
+      Arm(
+        "B2-qknorm",
+        "B2 + QK-norm (LayerNorm on each head's q and k, learned scale)",
+        "riemannian_adam",
+        rate=1.0,
+        grid=_RADAM_GRID,
+        attention="qknorm",
       ),
       Arm(
         "B2-SGD",
@@ -206,6 +241,9 @@ ALIASES: Mapping[str, str] = types.MappingProxyType(
     "penalty": "soft",
     "grassmann-adam": "grassmann",
     "elem": "elementwise",
+    "qknorm": "A2-qknorm",
+    "sigma": "A2-sigma",
+    "sigmareparam": "A2-sigma",
   }
 )
 

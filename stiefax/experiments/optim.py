@@ -86,7 +86,20 @@ def frame_rule(arm: Arm, h: Hyper):
 
 
 def make_optimizer(arm: Arm, h: Hyper):
-  """The arm's optimizer for a whole model (an ``optax.GradientTransformation``)."""
+  """The arm's optimizer for a whole model (an ``optax.GradientTransformation``).
+
+  A σReparam arm's variables hold a non-trained state collection, which the optimizer
+  leaves unchanged (:func:`stiefax.experiments.attention.freeze_state`).
+  """
+  tx = _make_optimizer(arm, h)
+  if arm.attention == "sigma":
+    from stiefax.experiments import attention  # pylint: disable=g-import-not-at-top
+
+    return attention.freeze_state(tx)
+  return tx
+
+
+def _make_optimizer(arm: Arm, h: Hyper):
   import optax  # pylint: disable=g-import-not-at-top
 
   import stiefax  # pylint: disable=g-import-not-at-top

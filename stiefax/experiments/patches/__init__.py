@@ -40,6 +40,10 @@ Arms (``--arms``, or ``all`` for the paper's eight above the blank line):
   B2-qr        B2 with the sign-fixed QR retraction
   B2-cayley    B2 with the Cayley retraction
 
+  A2-qknorm    A2 with QK-norm: LayerNorm (no bias, learned scale) on each head's q, k
+  A2-sigma     A2 with sigmaReparam W_Q, W_K: (gamma / sigma(W)) W, one power step a step
+  B2-qknorm    B2 with the same QK-norm
+
 Protocols: ``run`` (default; ``--seeds`` paired, ``--select-lr`` first picks each
 arm's rate on the validation images [n_train : n_train + n_val]), ``sweep-n``
 (``--ns`` at about ``--budget`` 2000 steps per run, paper Table 3), ``sweep-eps``
@@ -62,6 +66,7 @@ from stiefax.experiments.patches.runs import run_name
 from stiefax.experiments.patches.settings import ADAM_ARMS
 from stiefax.experiments.patches.settings import ARMS
 from stiefax.experiments.patches.settings import EXPERIMENT
+from stiefax.experiments.patches.settings import LOGIT_ARMS
 from stiefax.experiments.patches.settings import OPTIMIZER_ARMS
 from stiefax.experiments.patches.settings import PROTOCOLS
 from stiefax.experiments.patches.settings import Setting
@@ -86,6 +91,7 @@ __all__ = [
   "ARMS",
   "ADAM_ARMS",
   "OPTIMIZER_ARMS",
+  "LOGIT_ARMS",
   "arm_by_name",
   "arm_hparams",
   "Setting",

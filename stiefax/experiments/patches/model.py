@@ -29,13 +29,16 @@ class Programs(NamedTuple):
   predict: Any
 
 
-def make_model(setting: Setting, tokens: int, num_classes: int):
+def make_model(setting: Setting, tokens: int, num_classes: int, attention: str = "plain"):
   """The pre-LN encoder of the module docstring, as a Flax linen module."""
-  return programs(setting, tokens, num_classes).model
+  return programs(setting, tokens, num_classes, attention).model
 
 
-def programs(setting: Setting, tokens: int, num_classes: int) -> Programs:
-  """The model of this shape with its jitted init and predict, shared by every arm."""
+def programs(setting: Setting, tokens: int, num_classes: int, attention: str = "plain") -> Programs:
+  """The model of this shape with its jitted init and predict, shared by the arms.
+
+  ``attention``: the arm's attention variant (:mod:`stiefax.experiments.attention`).
+  """
   return _programs(
     setting.depth,
     setting.d,
@@ -44,16 +47,26 @@ def programs(setting: Setting, tokens: int, num_classes: int) -> Programs:
     setting.mlp_ratio,
     tokens,
     num_classes,
+    attention,
   )
 
 
 @functools.lru_cache(maxsize=16)
 def _programs(
-  depth: int, d: int, heads: int, head_dim: int, mlp_ratio: int, tokens: int, num_classes: int
+  depth: int,
+  d: int,
+  heads: int,
+  head_dim: int,
+  mlp_ratio: int,
+  tokens: int,
+  num_classes: int,
+  attention: str = "plain",
 ) -> Programs:
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  from stiefax.experiments.attention import attention_module  # pylint: disable=g-import-not-at-top
 
   xavier = nn.initializers.xavier_uniform()
 
@@ -66,7 +79,8 @@ def _programs(
       h = x + pos[None]
       for i in range(depth):
         y = nn.LayerNorm(name=f"ln_attn_{i}")(h)
-        y = nn.MultiHeadDotProductAttention(
+        y = attention_module(
+          attention,
           num_heads=heads,
           qkv_features=heads * head_dim,
           out_features=d,

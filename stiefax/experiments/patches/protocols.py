@@ -32,6 +32,7 @@ from stiefax.experiments.patches import runs
 from stiefax.experiments.patches.settings import ADAM_ARMS
 from stiefax.experiments.patches.settings import ARMS
 from stiefax.experiments.patches.settings import EXPERIMENT
+from stiefax.experiments.patches.settings import LOGIT_ARMS
 from stiefax.experiments.patches.settings import OPTIMIZER_ARMS
 from stiefax.experiments.patches.settings import Setting
 from stiefax.experiments.patches.settings import arm_by_name
@@ -76,7 +77,7 @@ def defaults(args: argparse.Namespace) -> dict:
 def select_arms(args: argparse.Namespace) -> list[Arm]:
   """The arms of ``--arms`` (``all``: the paper's eight; sweep-eps defaults to B2)."""
   if args.arms.strip().lower() == "all":
-    arms = [a for a in ARMS.values() if a.name not in OPTIMIZER_ARMS]
+    arms = [a for a in ARMS.values() if a.name not in (*OPTIMIZER_ARMS, *LOGIT_ARMS)]
   else:
     names = [t for t in args.arms.split(",") if t.strip()]
     if not names:

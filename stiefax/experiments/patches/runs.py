@@ -91,6 +91,8 @@ def run_config(
     "frame_init": frame_init(arm),
     "description": arm.description,
   }
+  if arm.attention != "plain":  # absent for the plain arms: their hashes predate it
+    cfg["attention"] = arm.attention
   cfg.update(dataclasses.asdict(setting))
   cfg.update(hp)
   if hp["eps"] is None:

@@ -29,11 +29,17 @@ ARMS = arms.select(
     "A2-muon",
     "B2-qr",
     "B2-cayley",
+    "A2-qknorm",
+    "A2-sigma",
+    "B2-qknorm",
   )
 )
 ADAM_ARMS = ("B2", "elementwise", "grassmann")  # arms with a Riemannian eps
 # The optimizer-family comparison (docs/optimizers.md); named explicitly, not in "all".
 OPTIMIZER_ARMS = ("B2-mmuon", "A2-muon", "B2-qr", "B2-cayley")
+# The practitioners' logit controls (QK-norm, sigmaReparam; docs/reproduction.md,
+# "Against QK-norm and sigmaReparam"); named explicitly, not in "all".
+LOGIT_ARMS = ("A2-qknorm", "A2-sigma", "B2-qknorm")
 
 
 def arm_by_name(name: str) -> Arm:

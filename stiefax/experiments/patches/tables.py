@@ -31,7 +31,15 @@ from stiefax.experiments.reporting import table as _table
 __all__ = ["report", "CONTRASTS"]
 
 # Configuration fields that belong to an arm rather than to the setting it runs in.
-_ARM_FIELDS = ("protocol", "riemannian_lr", "penalty", "eps", "description", "frame_init")
+_ARM_FIELDS = (
+  "protocol",
+  "riemannian_lr",
+  "penalty",
+  "eps",
+  "description",
+  "frame_init",
+  "attention",
+)
 
 
 def _group_key(cfg: dict, drop: Sequence[str] = ()) -> str:

@@ -14,6 +14,7 @@ from typing import Optional
 
 import numpy as np
 
+from stiefax.experiments import attention
 from stiefax.experiments import cli
 from stiefax.experiments import patch_data
 from stiefax.experiments.arms import Arm
@@ -49,7 +50,7 @@ class Trainer:
 
     self.arm, self.setting, self.hp = arm, setting, hp
     self.tokens, self.num_classes = tokens, num_classes
-    progs = model_lib.programs(setting, tokens, num_classes)
+    progs = model_lib.programs(setting, tokens, num_classes, arm.attention)
     self.model = progs.model
     self.tx = make_optimizer(arm, setting, hp)
     abstract = jax.eval_shape(
@@ -61,6 +62,7 @@ class Trainer:
     self._isometry = model_lib.isometry_fn()
     self._tx_init = jax.jit(self.tx.init)
     self._epoch = jax.jit(self._epoch_fn(), donate_argnums=(0, 1))
+    self._probe = attention.probe_fn(self.model)
 
   def _epoch_fn(self):
     """``epoch(params, opt_state, xs, ys, idx, w) -> (params, opt_state, EpochStats)``."""
@@ -76,14 +78,14 @@ class Trainer:
     spec = stiefax.FrameSpec()
 
     def loss_fn(params, x, y, w):
-      logits = model.apply(params, x)
+      logits, state = attention.apply_train(model, params, x)
       ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
       loss = jnp.sum(ce * w) / jnp.maximum(jnp.sum(w), 1.0)
       total = loss
       if lam is not None:
         total = total + lam * stiefax.flax.orthogonality_penalty(params, stiefax.flax.qk_labels)
       correct = jnp.sum((jnp.argmax(logits, -1) == y) * w)
-      return total, (loss, correct)
+      return total, (loss, correct, state)
 
     def frame_norm(frames):  # mean over frames of ||X||_F
       return jnp.mean(jnp.sqrt(geometry.frame_sq_norm(frames)))
@@ -92,11 +94,11 @@ class Trainer:
       def step(carry, batch):
         params, opt_state = carry
         b_idx, b_w = batch
-        (_, (loss, correct)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        (_, (loss, correct, state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
           params, xs[b_idx], ys[b_idx], b_w
         )
         updates, opt_state = tx.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
+        new_params = attention.with_state(optax.apply_updates(params, updates), state)
         p_l, g_l, n_l = (jax.tree.leaves(t) for t in (params, grads, new_params))
         stats = [jnp.zeros([], jnp.float32)] * 3
         if frame_ids:
@@ -130,6 +132,10 @@ class Trainer:
     gradient, tangent-gradient and step norms.
     """
     return self._epoch(params, opt_state, xs, ys, idx, w)
+
+  def probe(self, params, x) -> dict[str, float]:
+    """``{"max_logit", "entropy"}`` of the attention on the batch ``x``."""
+    return {k: float(v) for k, v in self._probe(params, x).items()}
 
   def isometry(self, params) -> float:
     """``max|W^T W - I|`` over the query/key frames."""
@@ -172,7 +178,12 @@ _HISTORY = (
   "epoch_time",
   "lr_adamw",
   "lr_riemannian",
+  "max_logit",
+  "attn_entropy",
 )
+
+#: Training images the attention probe reads (the first of the training set).
+PROBE_BATCH = 256
 
 
 def train(
@@ -194,6 +205,7 @@ def train(
   xs, ys = jnp.asarray(data.train_x), jnp.asarray(data.train_y)
   ex, ey = (data.test_x, data.test_y) if eval_split == "test" else (data.val_x, data.val_y)
   params, opt_state = trainer.init(seed)
+  probe_x = jnp.asarray(data.train_x[:PROBE_BATCH])
   rng = np.random.default_rng([seed, 1])  # batch order: the seed's, shared across arms
   hist: dict[str, list] = {k: [] for k in _HISTORY}
   hist[f"{eval_split}_acc"] = []
@@ -219,6 +231,9 @@ def train(
     lr_adamw, lr_frames = learning_rates(s, trainer.hp, (ep + 1) * s.steps_per_epoch - 1)
     hist["lr_adamw"].append(lr_adamw)
     hist["lr_riemannian"].append(lr_frames)
+    attn = trainer.probe(params, probe_x)
+    hist["max_logit"].append(attn["max_logit"])
+    hist["attn_entropy"].append(attn["entropy"])
     bar.update(1)
     if not math.isfinite(hist["train_loss"][-1]):
       diverged = True
@@ -260,6 +275,9 @@ def _metrics(hist: dict, eval_split: str, final_acc: float, diverged: bool) -> d
     "train_acc": hist["train_acc"][-1],
     "late_step_per_grad": step_per_grad,
     "diverged": diverged,
+    "max_logit": hist["max_logit"][-1],
+    "max_logit_max": float(np.max(hist["max_logit"])),
+    "attn_entropy": hist["attn_entropy"][-1],
   }
   if eval_split != "test":
     metrics["test_acc"] = None
