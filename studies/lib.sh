@@ -6,7 +6,8 @@
 # first runs the entries whose index is k modulo K (no two instances share a run), then
 # every entry in order: finished runs are skipped, free runs are trained, and runs
 # another instance holds are waited for, so each instance ends only when the whole
-# study is finished.
+# study is finished. An entry that fails in the first pass (one that needs runs not
+# yet finished, such as `stiefax lm --lr best`) runs again in the second.
 CORE=${STIEFAX_CORE:-1}
 WORKER=${STIEFAX_WORKER:-0/1}
 export XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
@@ -20,7 +21,7 @@ study_run() {
   common=$(printf '%q ' "$@")
   _study_one() { eval "taskset -c \"\$CORE\" stiefax $command $common--no-progress ${study[$1]}"; }
   for i in "${!study[@]}"; do
-    if ((i % n == k)); then _study_one "$i"; fi
+    if ((i % n == k)); then _study_one "$i" || echo "study: entry $i is not ready; it runs again later"; fi
   done
   for i in "${!study[@]}"; do
     _study_one "$i"

@@ -56,6 +56,7 @@ __all__ = [
   "probe",
   "probe_fn",
   "spectral_norm_step",
+  "top_vector",
 ]
 
 #: The attention variants an arm can ask for.
@@ -85,7 +86,7 @@ def spectral_norm_step(w2d: jax.Array, u: jax.Array) -> tuple[jax.Array, jax.Arr
   return u_new @ w2d @ v, u_new
 
 
-def _top_vector(w2d: jax.Array) -> jax.Array:
+def top_vector(w2d: jax.Array) -> jax.Array:
   """The top right singular vector (in R^d_in) by power iteration: no LAPACK call."""
   u0 = _normalize(jnp.ones(w2d.shape[:1], w2d.dtype))
   return jax.lax.fori_loop(0, _INIT_POWER_STEPS, lambda _, u: spectral_norm_step(w2d, u)[1], u0)
@@ -113,7 +114,7 @@ class SigmaReparamDense(nn.Module):
       ),
     )
     w2d = kernel.reshape(d, -1)
-    u_var = self.variable(SIGMA_COLLECTION, "u", lambda: _top_vector(w2d))
+    u_var = self.variable(SIGMA_COLLECTION, "u", lambda: top_vector(w2d))
     gamma = self.param("gamma", lambda _: spectral_norm_step(w2d, u_var.value)[0])
     sigma, u_new = spectral_norm_step(w2d, u_var.value)
     if self.is_mutable_collection(SIGMA_COLLECTION) and not self.is_initializing():

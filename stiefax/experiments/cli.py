@@ -19,6 +19,7 @@ from typing import Sequence
 COMMANDS = {
   "grok": ("stiefax.experiments.grok", "modular-arithmetic grokking (paper 4.3, 4.4)"),
   "patches": ("stiefax.experiments.patches", "image-patch benchmark (paper 3.3, 4.1-4.7)"),
+  "lm": ("stiefax.experiments.lm", "decoder LM on real text: learning-rate sensitivity"),
   "report": ("stiefax.experiments.report", "tables and plots from a results directory"),
   "certify": ("stiefax.experiments.certify", "float64 certificates of the propositions"),
   "equivariance": ("stiefax.experiments.equivariance", "O(d)-equivariance table (paper Table 9)"),

@@ -34,6 +34,8 @@ class Hyper:
     max_norm: the Riemannian Adam's step cap tau.
     polar: the polar retraction method of the Riemannian rules.
     adamw_eps: AdamW's eps.
+    frames: the ``frames=`` of the frame rule and of ``stiefel_adamw`` (``None``: each
+      one's default, ``FrameSpec()`` for the rule, Flax ``(d, H, r)`` kernels).
   """
 
   adamw_lr: Rate = 1e-3
@@ -45,6 +47,7 @@ class Hyper:
   max_norm: Optional[float] = 0.1
   polar: str = "auto"
   adamw_eps: float = 1e-8
+  frames: Any = None
 
 
 def decay_mask(params: Any) -> Any:
@@ -62,13 +65,14 @@ def frame_rule(arm: Arm, h: Hyper):
   import stiefax  # pylint: disable=g-import-not-at-top
 
   rule, opts = arm.frames, dict(arm.options)
+  where: dict = {} if h.frames is None else {"frames": h.frames}
   if rule == "riemannian_adam":
     kw: dict = dict(b1=h.b1, b2=h.b2, eps=h.eps, max_norm=h.max_norm, polar=h.polar)
-    return stiefax.riemannian_adam(h.frame_lr, **{**kw, **opts})
+    return stiefax.riemannian_adam(h.frame_lr, **{**kw, **where, **opts})
   if rule == "riemannian_sgd":
-    return stiefax.riemannian_sgd(h.frame_lr, **{"polar": h.polar, **opts})
+    return stiefax.riemannian_sgd(h.frame_lr, **{"polar": h.polar, **where, **opts})
   if rule == "manifold_muon":
-    return stiefax.manifold_muon(h.frame_lr, **opts)
+    return stiefax.manifold_muon(h.frame_lr, **{**where, **opts})
   if rule == "muon":
     # W_Q, W_K are (d, heads, r) kernels: reduce over d, one matrix per head.
     dims = optax.contrib.MuonDimensionNumbers(reduction_axis=0, output_axis=2)
@@ -120,4 +124,5 @@ def _make_optimizer(arm: Arm, h: Hyper):
     b2=h.b2,
     eps=h.adamw_eps,
     stiefel=frame_rule(arm, h),
+    **({} if h.frames is None else {"frames": h.frames}),
   )

@@ -1,0 +1,185 @@
+"""The decoder of ``stiefax lm``: a small modern LM with Gemma's parameter layout.
+
+Bytes in (vocabulary 256), a tied embedding ``(256, d)`` (scaled by ``sqrt(d)`` on the
+way in, its transpose the output layer, as Gemma), then ``depth`` pre-norm blocks
+
+    x += Attention(RMSNorm(x));  x += GeGLU(RMSNorm(x))
+
+and a final RMSNorm. RMSNorm is Gemma's: ``x / rms(x) * (1 + scale)``, scale at 0.
+The MLP is Gemma's gated GELU, ``gating_einsum/w (2, d, f)`` and ``linear/w (f, d)``.
+Attention is causal, with rotary position embeddings (RoPE, base 10 000, on q and k)
+and grouped-query heads laid out as Gemma lays them out: ``q_einsum/w`` of shape
+``(H, d, r)`` and one fused ``kv_einsum/w`` of shape ``(2, K, d, r)`` whose first slice
+holds the keys and second the values (each key/value head serves ``H / K`` query
+heads); the output is ``attn_vec_einsum/w (H, r, d)``. So every query head and every
+key head is a frame in St(d, r) that :func:`stiefax.flax.qk_labels` and
+:func:`stiefax.flax.qk_frames` find by name, and the value slice is not.
+
+The attention variants of :mod:`stiefax.experiments.attention`:
+
+  plain    logits ``q·k / sqrt(r)``.
+  qknorm   each head's q and k go through a LayerNorm over their r features (no bias,
+           learned scale ``(r,)``, ``query_ln`` and ``key_ln``) before RoPE.
+  sigma    σReparam on W_Q (the ``(d, H r)`` matrix of ``q_einsum``) and W_K (the key
+           slice of ``kv_einsum`` as ``(d, K r)``): ``(gamma / sigma(W)) W`` with learned
+           scalars ``q_gamma``, ``k_gamma`` and the power-iteration vectors in the
+           ``sigma_reparam`` collection.
+
+With the ``intermediates`` collection mutable, each attention layer sows its largest
+logit ``max |q·k| / sqrt(r)`` over unmasked pairs and its mean attention entropy.
+Kernels start from a variance-scaling normal of fan-in (so a head's columns have norm
+about 1); parameters are float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from stiefax.experiments import attention as attention_lib
+
+__all__ = ["ModelConfig", "DecoderLM", "rope"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """The decoder's shape."""
+
+  d_model: int = 64
+  depth: int = 2
+  heads: int = 4
+  kv_heads: int = 2
+  head_dim: int = 16
+  mlp_dim: int = 256
+  seq: int = 128
+  vocab: int = 256
+
+
+def rope(x: jax.Array, base: float = 10_000.0) -> jax.Array:
+  """Rotary embedding of ``x`` ``(B, T, N, r)`` (r even): pairs (i, i + r/2) rotated
+  by ``t / base^(2i/r)`` at position ``t``."""
+  t, r = x.shape[1], x.shape[-1]
+  half = r // 2
+  freq = base ** (-jnp.arange(half, dtype=x.dtype) * 2 / r)
+  angle = jnp.arange(t, dtype=x.dtype)[:, None] * freq[None, :]  # (T, r/2)
+  sin = jnp.sin(angle)[None, :, None, :].astype(x.dtype)
+  cos = jnp.cos(angle)[None, :, None, :].astype(x.dtype)
+  x1, x2 = x[..., :half], x[..., half:]
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+class RMSNorm(nn.Module):
+  """``x / rms(x) * (1 + scale)`` over the last axis (Gemma's), scale at 0."""
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", nn.initializers.zeros_init(), (x.shape[-1],))
+    var = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+    return x * jax.lax.rsqrt(var + 1e-6) * (1.0 + scale).reshape((1,) * (x.ndim - 1) + (-1,))
+
+
+def _fan_in_init(axis: int):
+  return nn.initializers.variance_scaling(1.0, "fan_in", "normal", in_axis=axis, out_axis=-1)
+
+
+def _reparam(module: nn.Module, name: str, w2d: jax.Array) -> jax.Array:
+  """``gamma / sigma(w2d)`` of σReparam, advancing the stored vector in training."""
+  u_var = module.variable(
+    attention_lib.SIGMA_COLLECTION, name, lambda: attention_lib.top_vector(w2d)
+  )
+  gamma = module.param(
+    f"{name}_gamma", lambda _: attention_lib.spectral_norm_step(w2d, u_var.value)[0]
+  )
+  sigma, u_new = attention_lib.spectral_norm_step(w2d, u_var.value)
+  if module.is_mutable_collection(attention_lib.SIGMA_COLLECTION) and not module.is_initializing():
+    u_var.value = u_new
+  return gamma / sigma
+
+
+class _Weight(nn.Module):
+  """A single weight ``w`` (Gemma's ``Einsum`` modules hold their weight as ``w``)."""
+
+  shape: tuple
+  in_axis: object = -2
+
+  @nn.compact
+  def __call__(self):
+    return self.param("w", _fan_in_init(self.in_axis), self.shape)
+
+
+class Attention(nn.Module):
+  """Causal grouped-query attention with RoPE, in Gemma's layout (module docstring)."""
+
+  config: ModelConfig
+  attention: str = "plain"
+
+  @nn.compact
+  def __call__(self, x):
+    c = self.config
+    d, h, k, r = x.shape[-1], c.heads, c.kv_heads, c.head_dim
+    wq = _Weight((h, d, r), in_axis=1, name="q_einsum")()
+    wkv = _Weight((2, k, d, r), in_axis=2, name="kv_einsum")()
+    wk = wkv[0]
+    if self.attention == "sigma":
+      wq = wq * _reparam(self, "q", jnp.transpose(wq, (1, 0, 2)).reshape(d, h * r))
+      wk = wk * _reparam(self, "k", jnp.transpose(wk, (1, 0, 2)).reshape(d, k * r))
+    q = jnp.einsum("btd,ndr->btnr", x, wq)
+    key = jnp.einsum("btd,ndr->btnr", x, wk)
+    v = jnp.einsum("btd,ndr->btnr", x, wkv[1])
+    if self.attention == "qknorm":
+      q = nn.LayerNorm(use_bias=False, name="query_ln")(q)
+      key = nn.LayerNorm(use_bias=False, name="key_ln")(key)
+    q, key = rope(q), rope(key)
+    key, v = jnp.repeat(key, h // k, axis=2), jnp.repeat(v, h // k, axis=2)
+    t = x.shape[1]
+    logits = jnp.einsum("btnr,bsnr->bnts", q, key) / math.sqrt(r)
+    causal = jnp.tril(jnp.ones((t, t), bool))[None, None]
+    masked = jnp.where(causal, logits, jnp.finfo(logits.dtype).min)
+    weights = jax.nn.softmax(masked, axis=-1)
+    if self.is_mutable_collection("intermediates"):
+      self.sow("intermediates", "max_logit", jnp.max(jnp.where(causal, jnp.abs(logits), 0.0)))
+      ent = -jnp.sum(jnp.where(causal, weights * jnp.log(jnp.maximum(weights, 1e-30)), 0.0), -1)
+      self.sow("intermediates", "entropy", jnp.mean(ent))
+    out = jnp.einsum("bnts,bsnr->btnr", weights, v)
+    wo = _Weight((h, r, d), in_axis=(0, 1), name="attn_vec_einsum")()
+    return jnp.einsum("btnr,nrd->btd", out, wo)
+
+
+class Block(nn.Module):
+  """``x += Attention(RMSNorm(x)); x += GeGLU(RMSNorm(x))``."""
+
+  config: ModelConfig
+  attention: str = "plain"
+
+  @nn.compact
+  def __call__(self, x):
+    c = self.config
+    x = x + Attention(c, self.attention, name="attn")(RMSNorm(name="pre_attention_norm")(x))
+    y = RMSNorm(name="pre_ffw_norm")(x)
+    gate_up = _Weight((2, c.d_model, c.mlp_dim), in_axis=-2, name="gating_einsum")()
+    gate, up = jnp.einsum("btd,cdf->cbtf", y, gate_up)
+    w_out = _Weight((c.mlp_dim, c.d_model), in_axis=-2, name="linear")()
+    return x + jnp.einsum("btf,fd->btd", nn.gelu(gate) * up, w_out)
+
+
+class DecoderLM(nn.Module):
+  """The decoder of the module docstring: ``tokens (B, T) -> logits (B, T, 256)``."""
+
+  config: ModelConfig
+  attention: str = "plain"
+
+  @nn.compact
+  def __call__(self, tokens):
+    c = self.config
+    embed = self.param(
+      "input_embedding", nn.initializers.normal(c.d_model**-0.5), (c.vocab, c.d_model)
+    )
+    x = embed[tokens] * math.sqrt(c.d_model)
+    for i in range(c.depth):
+      x = Block(c, self.attention, name=f"layer_{i}")(x)
+    x = RMSNorm(name="final_norm")(x)
+    return jnp.einsum("btd,vd->btv", x, embed)

@@ -1,0 +1,318 @@
+"""The report of ``stiefax lm`` runs (also printed by ``stiefax report``).
+
+Per setting (everything but the arm and the AdamW rate): the learning-rate sweep
+(final validation loss in bits per byte per arm and rate, and each arm's learning-rate
+sensitivity as Wortsman et al. 2023 define it), the largest attention logit during
+training per arm and rate, the comparison of the arms each at its own best rate
+(test loss, paired differences to A2 with paired-t and bootstrap intervals and the
+verdict of the statistical standard, attention logit and entropy, isometry error,
+tokens per second), and three figures: loss against rate, the largest logit against
+steps at the two highest rates, and validation loss curves at the best rates.
+
+An arm's best rate is the one with the lowest mean validation loss over the seeds that
+every rate of the arm has (the sweep's seeds), so adding seeds at the best rate never
+moves it. A diverged run counts as its loss at init; so does a loss above it
+(``min(loss, loss at init)``, as Wortsman et al.).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from typing import Optional
+from typing import Sequence
+
+import numpy as np
+
+from stiefax.experiments import reporting
+from stiefax.experiments import stats
+from stiefax.experiments.lm.config import ARMS
+from stiefax.experiments.reporting import num
+from stiefax.experiments.reporting import table
+
+__all__ = ["report", "summary", "loss_of", "select_rate", "sensitivity"]
+
+_ARM_FIELDS = ("adamw_lr", "arm")
+
+
+def loss_of(run: dict, key: str = "val_bpb") -> float:
+  """``min(loss, loss at init)``; a diverged run's loss is its loss at init."""
+  m = run["metrics"]
+  init = m["init_val_bpb"]
+  v = m.get(key)
+  if m["diverged"] or v is None or not math.isfinite(v):
+    return init
+  return min(v, init)
+
+
+def _by_rate(runs: Sequence[dict]) -> dict:
+  out: dict = {}
+  for r in runs:
+    out.setdefault(r["config"]["adamw_lr"], {})[r["seed"]] = r
+  return out
+
+
+def select_rate(runs: Sequence[dict]) -> Optional[float]:
+  """The rate of ``runs`` (one arm, one setting) with the lowest mean validation loss
+  over the seeds every rate has; ties go to the smaller rate."""
+  by_rate = _by_rate(runs)
+  if not by_rate:
+    return None
+  common = set.intersection(*(set(s) for s in by_rate.values()))
+  if not common:
+    return None
+  means = {lr: np.mean([loss_of(seeds[s]) for s in common]) for lr, seeds in by_rate.items()}
+  return min(means, key=lambda lr: (means[lr], lr))
+
+
+def sensitivity(runs: Sequence[dict]) -> float:
+  """Wortsman et al.'s learning-rate sensitivity of one arm: the mean over rates of
+  ``min(loss, loss at init) - best loss``, each rate's loss the mean over its seeds."""
+  by_rate = _by_rate(runs)
+  means = [np.mean([loss_of(r) for r in seeds.values()]) for seeds in by_rate.values()]
+  return float(np.mean(means) - np.min(means)) if means else float("nan")
+
+
+def _group_key(cfg: dict) -> str:
+  return json.dumps({k: v for k, v in cfg.items() if k not in _ARM_FIELDS}, sort_keys=True)
+
+
+def _title(cfg: dict) -> str:
+  return (
+    f"lm ({cfg['preset']}): d={cfg['d_model']} depth={cfg['depth']}"
+    f" heads={cfg['heads']}/{cfg['kv_heads']} r={cfg['head_dim']} seq={cfg['seq']}"
+    f" batch={cfg['batch']} steps={cfg['steps']}; text: Python {cfg['corpus']['python']}"
+    f" standard library, {cfg['corpus']['train_bytes']:,} training bytes"
+  )
+
+
+def _arms(runs: Sequence[dict]) -> dict:
+  by_arm: dict = {}
+  for r in runs:
+    by_arm.setdefault(r["arm"], []).append(r)
+  return {a: by_arm[a] for a in reporting.arm_order(by_arm, ARMS)}
+
+
+def _sweep_tables(by_arm: dict) -> list[str]:
+  rates = sorted({r["config"]["adamw_lr"] for rs in by_arm.values() for r in rs})
+  if len(rates) < 2:
+    return []
+  loss_rows, logit_rows = [], []
+  for arm, rs in by_arm.items():
+    by_rate = _by_rate(rs)
+    cells, logit_cells = [], []
+    for lr in rates:
+      seeds = by_rate.get(lr, {})
+      if not seeds:
+        cells.append("-")
+        logit_cells.append("-")
+        continue
+      div = sum(bool(r["metrics"]["diverged"]) for r in seeds.values())
+      mean = np.mean([loss_of(r) for r in seeds.values()])
+      cells.append(f"{mean:.3f}" + (f" ({div}/{len(seeds)} div)" if div else ""))
+      logits = [r["metrics"]["max_logit_max"] for r in seeds.values()]
+      logit_cells.append(
+        num(float(np.nanmax(logits)) if np.isfinite(logits).any() else None, ".1f")
+      )
+    best = select_rate(rs)
+    n = min(len(s) for s in by_rate.values())
+    loss_rows.append([arm, str(n), *cells, num(sensitivity(rs), ".3f"), num(best, "g")])
+    logit_rows.append([arm, *logit_cells])
+  head = [f"{lr:g}" for lr in rates]
+  return [
+    "learning-rate sweep: final validation loss, bits per byte (mean over seeds;"
+    " min(loss, loss at init))",
+    table(["arm", "seeds", *head, "LR sensitivity", "best rate"], loss_rows),
+    "",
+    "largest attention logit max |q·k|/sqrt(r) during training (max over seeds)",
+    table(["arm", *head], logit_rows),
+    "",
+  ]
+
+
+def _best_table(by_arm: dict) -> tuple[list[str], dict]:
+  chosen: dict = {}
+  for arm, rs in by_arm.items():
+    lr = select_rate(rs)
+    if lr is not None:
+      chosen[arm] = {r["seed"]: r for r in rs if r["config"]["adamw_lr"] == lr}
+  if not chosen:
+    return [], chosen
+  base = {s: loss_of(r, "test_bpb") for s, r in chosen.get("A2", {}).items()}
+  rows = []
+  for arm, seeds in chosen.items():
+    rs = list(seeds.values())
+    test = {s: loss_of(r, "test_bpb") for s, r in seeds.items()}
+    mean, std = stats.summarize(list(test.values()))
+    p = None
+    if arm != "A2" and base:
+      common = sorted(set(base) & set(test))
+      if common:
+        p = stats.paired([base[s] for s in common], [test[s] for s in common])
+    m = [r["metrics"] for r in rs]
+    tps = [x["tokens_per_second"] for x in m if x.get("tokens_per_second")]
+    rows.append(
+      [
+        arm,
+        f"{rs[0]['config']['adamw_lr']:g}",
+        str(len(rs)),
+        f"{mean:.4f} ± {std:.4f}",
+        "-" if p is None else f"{p.mean:+.4f}",
+        "-" if p is None else f"[{p.t_low:+.4f}, {p.t_high:+.4f}]",
+        "-" if p is None else f"[{p.ci_low:+.4f}, {p.ci_high:+.4f}]",
+        "-" if p is None else _verdict_words(p),
+        f"{np.nanmean([x['max_logit_max'] for x in m]):.1f}",
+        f"{np.nanmean([x['entropy'] for x in m]):.2f}",
+        f"{np.nanmean([x['isometry'] for x in m]):.1e}",
+        num(float(np.mean(tps)) if tps else None, ",.0f"),
+      ]
+    )
+  return [
+    "each arm at its best rate: test loss, bits per byte (paired by seed; Δ = arm - A2,"
+    " negative is better)",
+    table(
+      [
+        "arm",
+        "rate",
+        "seeds",
+        "test bpb",
+        "Δ vs A2",
+        "t 95% CI",
+        "bootstrap 95% CI",
+        "verdict",
+        "max logit",
+        "entropy",
+        "isometry",
+        "tokens/s",
+      ],
+      rows,
+    ),
+    f"  verdict: both 95% intervals agree, on >= {stats.MIN_SEEDS} paired seeds;"
+    " otherwise not settled. max logit: largest during training; entropy: at the end.",
+    "",
+  ], chosen
+
+
+def _verdict_words(p: stats.Paired) -> str:
+  v = p.verdict
+  return {"b > a": "worse", "b < a": "better"}.get(v, v)
+
+
+def _plots(by_arm: dict, chosen: dict, out_dir: pathlib.Path, stem: str) -> list[str]:
+  plt = reporting.pyplot()
+  if plt is None:
+    return []
+  made = []
+  rates = sorted({r["config"]["adamw_lr"] for rs in by_arm.values() for r in rs})
+  if len(rates) > 1:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, (arm, rs) in enumerate(by_arm.items()):
+      by_rate = _by_rate(rs)
+      xs = sorted(by_rate)
+      ys = [np.mean([loss_of(r) for r in by_rate[x].values()]) for x in xs]
+      ax.plot(xs, ys, marker="o", label=arm, color=f"C{i}")
+    ax.set_xscale("log")
+    ax.set_xlabel("AdamW peak learning rate")
+    ax.set_ylabel("final validation loss (bits/byte)")
+    ax.set_title("learning-rate sensitivity")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    made.append(reporting.save_figure(fig, plt, out_dir, f"{stem}_lr_sweep.png"))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, lr in zip(axes, rates[-2:]):
+      for i, (arm, rs) in enumerate(by_arm.items()):
+        r = _by_rate(rs).get(lr, {})
+        if r:
+          h = r[min(r)]["history"]
+          ax.plot(h["step"], h["max_logit"], label=arm, color=f"C{i}")
+      ax.set_yscale("log")
+      ax.set_xlabel("step")
+      ax.set_title(f"rate {lr:g} (lowest seed)")
+    axes[0].set_ylabel("largest attention logit")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    made.append(reporting.save_figure(fig, plt, out_dir, f"{stem}_max_logit.png"))
+  if chosen:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, (arm, seeds) in enumerate(chosen.items()):
+      hs = [r["history"] for r in seeds.values() if not r["metrics"]["diverged"]]
+      if hs:
+        n = min(len(h["val_bpb"]) for h in hs)
+        y = np.mean([h["val_bpb"][:n] for h in hs], axis=0)
+        lr = next(iter(seeds.values()))["config"]["adamw_lr"]
+        ax.plot(hs[0]["step"][:n], y, label=f"{arm} (rate {lr:g})", color=f"C{i}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation loss (bits/byte)")
+    ax.set_ylim(top=min(8.5, ax.get_ylim()[1]))
+    ax.set_title("each arm at its best rate (mean over seeds)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    made.append(reporting.save_figure(fig, plt, out_dir, f"{stem}_best_curves.png"))
+  return [f"  plot: {p}" for p in made if p]
+
+
+def report(runs: list[dict], out_dir: pathlib.Path) -> str:
+  """The tables (and PNG figures in ``out_dir``) of ``lm`` runs, per setting."""
+  runs = [r for r in runs if r.get("experiment") == "lm"]
+  if not runs:
+    return "lm: no runs"
+  groups: dict = {}
+  for r in runs:
+    groups.setdefault(_group_key(r["config"]), []).append(r)
+  lines: list[str] = []
+  for gi, (_, group) in enumerate(sorted(groups.items())):
+    by_arm = _arms(group)
+    lines.append(_title(group[0]["config"]))
+    lines.append("")
+    lines += _sweep_tables(by_arm)
+    best, chosen = _best_table(by_arm)
+    lines += best
+    stem = f"lm_{group[0]['config']['preset']}" + (f"_{gi}" if len(groups) > 1 else "")
+    lines += _plots(by_arm, chosen, pathlib.Path(out_dir), stem)
+    lines.append("")
+  return "\n".join(lines).rstrip() + "\n"
+
+
+def summary(records: Sequence[dict]) -> str:
+  """What ``stiefax lm`` prints after its runs: a row per run, then plain words."""
+  rows = []
+  for r in records:
+    m = r["metrics"]
+    rows.append(
+      [
+        r["arm"],
+        f"{r['config']['adamw_lr']:g}",
+        str(r["seed"]),
+        "diverged" if m["diverged"] else f"{m['val_bpb']:.4f}",
+        "-" if m["diverged"] else f"{m['test_bpb']:.4f}",
+        num(m["max_logit_max"], ".1f"),
+        num(m["entropy"], ".2f"),
+        num(m["isometry"], ".1e"),
+      ]
+    )
+  lines = [
+    table(["arm", "rate", "seed", "val bpb", "test bpb", "max logit", "entropy", "isometry"], rows)
+  ]
+  lines.append(_words(records))
+  return "\n".join(lines)
+
+
+def _words(records: Sequence[dict]) -> str:
+  """Plain words on one seed's runs: which arm ended lowest, by how much, and the logits."""
+  ok = [r for r in records if not r["metrics"]["diverged"]]
+  if len(ok) < 2:
+    return ""
+  ok.sort(key=lambda r: r["metrics"]["test_bpb"])
+  best, worst = ok[0], ok[-1]
+  gap = worst["metrics"]["test_bpb"] - best["metrics"]["test_bpb"]
+  logits = sorted(ok, key=lambda r: r["metrics"]["max_logit_max"])
+  seeds = sorted({r["seed"] for r in records})
+  return (
+    f"In words: {best['arm']} ended lowest ({best['metrics']['test_bpb']:.3f} bits/byte on"
+    f" the test split), {gap:.3f} below {worst['arm']}; the largest attention logit ran"
+    f" from {logits[0]['metrics']['max_logit_max']:.1f} ({logits[0]['arm']}) to"
+    f" {logits[-1]['metrics']['max_logit_max']:.1f} ({logits[-1]['arm']})."
+    f" {'One seed' if len(seeds) == 1 else f'{len(seeds)} seeds'} of one short run"
+    " cannot tell a real difference from noise: the study of docs/lm.md can."
+  )

@@ -1,0 +1,201 @@
+"""``stiefax lm``: the text, the model's layout and variants, training, runs, report."""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from stiefax.experiments import arms
+from stiefax.experiments import cli
+from stiefax.experiments.grok.checkpoints import Checkpoints
+from stiefax.experiments.lm import config as lm_config
+from stiefax.experiments.lm import data
+from stiefax.experiments.lm import tables
+from stiefax.experiments.lm import training
+from stiefax.experiments.lm.model import DecoderLM
+from stiefax.experiments.lm.model import rope
+
+TINY = dataclasses.replace(lm_config.PRESETS["quick"], steps=20, warmup_steps=2, eval_every=10)
+TINY = dataclasses.replace(TINY, val_windows=16, test_windows=16, probe_windows=4)
+
+
+def test_the_text_is_split_by_file_and_fixed():
+  corpus = data.load()
+  facts = corpus.facts
+  assert facts["train_files"] > 100 and facts["val_files"] >= 3 and facts["test_files"] >= 3
+  assert corpus.val.size > 50_000 and corpus.test.size > 50_000
+  assert data.split_of("os.py") == data.split_of("os.py")
+  w = data.windows(corpus.val, 8, 3)
+  assert w.shape == (3, 9) and np.array_equal(w[1], corpus.val[9:18])
+  a = data.train_positions(1000, 8, 5, 4, seed=3)
+  assert np.array_equal(a, data.train_positions(1000, 8, 5, 4, seed=3))
+  assert a.max() < 1000 - 9 and not np.array_equal(a, data.train_positions(1000, 8, 5, 4, seed=4))
+  with pytest.raises(ValueError, match="need"):
+    data.windows(corpus.val, 128, 10**6)
+
+
+def test_rope_rotates_pairs_and_keeps_norms():
+  with jax.enable_x64(True):
+    x = jax.random.normal(jax.random.key(0), (1, 5, 2, 4), jnp.float64)
+    y = rope(x)
+    np.testing.assert_allclose(jnp.linalg.norm(y, axis=-1), jnp.linalg.norm(x, axis=-1), 1e-12)
+    np.testing.assert_allclose(y[:, 0], x[:, 0])  # position 0: no rotation
+    # Position t, pair 0 (frequency 1): a rotation by t radians.
+    t = 3
+    c, s = np.cos(t), np.sin(t)
+    np.testing.assert_allclose(y[0, t, 0, 0], c * x[0, t, 0, 0] - s * x[0, t, 0, 2], 1e-12)
+    # Logits depend on relative positions only: q_t . k_s = q_{t+1} . k_{s+1}.
+    q = jnp.broadcast_to(x[:, :1], x.shape)
+    k = jnp.broadcast_to(x[:, 1:2], x.shape)
+    rq, rk = rope(q), rope(k)
+    np.testing.assert_allclose(rq[0, 3] @ rk[0, 1].T, rq[0, 4] @ rk[0, 2].T, 1e-12)
+
+
+def test_gemma_layout_and_one_norm_per_head():
+  import stiefax
+
+  c = TINY.model
+  for attention in ("plain", "qknorm", "sigma"):
+    v = DecoderLM(c, attention).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+    attn = v["params"]["layer_0"]["attn"]
+    assert attn["q_einsum"]["w"].shape == (c.heads, c.d_model, c.head_dim)
+    assert attn["kv_einsum"]["w"].shape == (2, c.kv_heads, c.d_model, c.head_dim)
+    labels = stiefax.flax.qk_labels(v)
+    frames = [
+      "/".join(stiefax.flax.path_names(p))
+      for p, lab in jax.tree_util.tree_flatten_with_path(labels)[0]
+      if lab == "stiefel"
+    ]
+    assert sorted(frames) == sorted(
+      f"params/layer_{i}/attn/{m}/w" for i in range(c.depth) for m in ("q_einsum", "kv_einsum")
+    )
+    if attention == "qknorm":
+      for i in range(c.depth):
+        a = v["params"][f"layer_{i}"]["attn"]
+        norms = sorted(k for k in a if k.endswith("_ln"))
+        assert norms == ["key_ln", "query_ln"]
+        assert a["query_ln"] == {"scale": a["query_ln"]["scale"]}
+        assert a["query_ln"]["scale"].shape == (c.head_dim,)
+        assert a["key_ln"]["scale"].shape == (c.head_dim,)
+    if attention == "sigma":
+      assert set(v["sigma_reparam"]["layer_0"]["attn"]) == {"q", "k"}
+      assert attn["q_gamma"].shape == () and attn["k_gamma"].shape == ()
+
+
+def test_qknorm_normalises_each_head_of_q_and_k():
+  model = DecoderLM(TINY.model, "qknorm")
+  x = jnp.asarray(data.windows(data.load().val, 16, 2)[:, :-1])
+  v = model.init(jax.random.key(0), x)
+  _, inter = model.apply(v, x, capture_intermediates=lambda m, _: m.name in ("query_ln", "key_ln"))
+  for name in ("query_ln", "key_ln"):
+    (out,) = inter["intermediates"]["layer_0"]["attn"][name]["__call__"]
+    heads = TINY.heads if name == "query_ln" else TINY.kv_heads
+    assert out.shape == (2, 16, heads, TINY.head_dim)
+    np.testing.assert_allclose(out.mean(-1), 0.0, atol=1e-5)
+    np.testing.assert_allclose(out.var(-1), 1.0, atol=1e-3)
+
+
+@pytest.fixture(scope="module")
+def tiny_runs():
+  return {
+    name: training.train(arms.ARMS[name], TINY, 0, progress=False)
+    for name in ("A2-qknorm", "B2-qknorm")
+  }
+
+
+def test_twenty_steps_keep_the_stiefel_frames_orthonormal(tiny_runs):
+  b2 = tiny_runs["B2-qknorm"]
+  assert not b2["metrics"]["diverged"]
+  assert max(b2["history"]["isometry"]) < 1e-5  # float32 rounding
+  assert tiny_runs["A2-qknorm"]["metrics"]["isometry"] > 1e-2  # AdamW frames drift
+  for r in tiny_runs.values():
+    m = r["metrics"]
+    assert m["val_bpb"] < m["init_val_bpb"] < 12.0
+    assert 0 < m["entropy"] < np.log(TINY.seq) and m["max_logit_max"] > 0
+
+
+@pytest.mark.slow
+def test_a_resumed_run_is_the_uninterrupted_run(tmp_path, tiny_runs):
+  arm = arms.ARMS["B2-qknorm"]
+  ckpt = Checkpoints(tmp_path / "run.ckpt")
+  first = training.train(arm, TINY, 0, progress=False, checkpoints=ckpt, checkpoint_every=10)
+  assert ckpt.latest_epoch() == 10  # left by the first run (the command removes it)
+  again = training.train(arm, TINY, 0, progress=False, checkpoints=Checkpoints(ckpt.directory))
+  assert again["resumed_from"] == 10
+  assert again["history"]["val_bpb"] == first["history"]["val_bpb"]
+  assert first["history"]["val_bpb"] == tiny_runs["B2-qknorm"]["history"]["val_bpb"]
+  assert again["metrics"]["test_bpb"] == first["metrics"]["test_bpb"]
+
+
+def _record(arm, lr, seed, val, test=None, diverged=False, init=8.0):
+  return {
+    "experiment": "lm",
+    "arm": arm,
+    "seed": seed,
+    "config": {"adamw_lr": lr, "preset": "sweep"},
+    "metrics": {
+      "val_bpb": val,
+      "test_bpb": val if test is None else test,
+      "init_val_bpb": init,
+      "diverged": diverged,
+    },
+  }
+
+
+def test_rate_selection_and_sensitivity_follow_wortsman():
+  runs = [
+    _record("A2", 1e-3, 0, 3.0),
+    _record("A2", 1e-3, 1, 3.2),
+    _record("A2", 3e-3, 0, 2.5),
+    _record("A2", 3e-3, 1, 2.7),
+    _record("A2", 1e-2, 0, float("nan"), diverged=True),
+    _record("A2", 1e-2, 1, 9.5),  # worse than init: counts as init
+    # More seeds at one rate never move the choice.
+    *[_record("A2", 1e-3, s, 1.0) for s in range(2, 8)],
+  ]
+  assert tables.select_rate(runs) == 3e-3
+  # means over rates: 3.1 (1e-3, all its seeds), 2.6, 8.0; best 2.6.
+  means = [np.mean([3.0, 3.2, *[1.0] * 6]), 2.6, 8.0]
+  assert tables.sensitivity(runs) == pytest.approx(np.mean(means) - min(means))
+  assert tables.loss_of(runs[4]) == 8.0 and tables.loss_of(runs[5]) == 8.0
+
+
+def test_the_command_trains_skips_and_reports(tmp_path, capsys):
+  out = tmp_path / "lm"
+  argv = ["lm", "--arms", "A2,B2", "--steps", "50", "--out", str(out), "--no-progress"]
+  assert cli.main(argv) == 0
+  text = capsys.readouterr().out
+  assert "max logit" in text and "isometry" in text and "In words:" in text
+  files = sorted(out.glob("*.json"))
+  assert [f.name.split("-")[0] for f in files] == ["A2", "B2"]
+  rec = json.loads(files[1].read_text())
+  assert rec["config"]["steps"] == 50 and rec["config"]["corpus"]["source"] == "python-stdlib"
+  assert rec["metrics"]["isometry"] < 1e-5
+  assert rec["command"].startswith("stiefax lm --preset quick --arms B2 --seeds 0 --lr 0.003")
+  assert not list(out.glob("*.ckpt")) and not list(out.glob("*.lock"))
+  assert cli.main(argv) == 0  # finished: read back, not trained again
+  assert sorted(out.glob("*.json")) == files
+  assert "learning-rate" not in capsys.readouterr().out
+  assert cli.main(["report", str(out)]) == 0
+  report = capsys.readouterr().out
+  assert "each arm at its best rate" in report and "B2" in report
+
+
+@pytest.mark.parametrize(
+  "extra, message",
+  [
+    (["--seeds", "4294967296"], "2^32"),
+    (["--lr", "-1"], "finite and > 0"),
+    (["--arms", "A9"], "unknown arm"),
+    (["--steps", "0"], "--steps 0"),
+    (["--out", ""], "--out is empty"),
+  ],
+)
+def test_bad_settings_are_one_line_errors(tmp_path, capsys, extra, message):
+  argv = ["lm", "--out", str(tmp_path / "o"), *extra]
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and message in err[0], err
