@@ -194,6 +194,10 @@ _DECAY = {
   "B2-cayley": (None, 1.0),
   # Muon decays at its own rate: -MUON_LR * decay * w.
   "A2-muon": (grok.MUON_LR / TINY.learning_rate, 1.0),
+  # The attention arms train the frames as A2 and B2 do.
+  "A2-qknorm": (1.0, 1.0),
+  "A2-sigma": (1.0, 1.0),
+  "B2-qknorm": (None, 1.0),
 }
 
 
@@ -542,6 +546,135 @@ def test_vmapped_seeds_match_separate_runs_and_resume(
     np.testing.assert_allclose(h[k], ref[k], rtol=0.1, err_msg=k)
   np.testing.assert_allclose(h["train_loss"][:2], ref["train_loss"][:2], rtol=1e-5)
   assert not np.allclose(runs[1]["history"]["train_loss"], h["train_loss"])  # its own seed
+
+
+# ----------------------------------------------------------------------------
+# The attention arms: QK-norm and sigmaReparam (stiefax.experiments.attention).
+# ----------------------------------------------------------------------------
+
+_ATTENTION_ARMS = ("A2-qknorm", "A2-sigma", "B2-qknorm")
+
+
+@pytest.fixture(scope="module")
+def attention_runs(tmp_path_factory):
+  """`stiefax grok --preset tiny --arms A2-qknorm,A2-sigma,B2-qknorm --seeds 0`."""
+  out = tmp_path_factory.mktemp("grok-attention")
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setitem(grok.PRESETS, "tiny", dict(config=TINY, arms=("A2", "B2"), seeds=(0,)))
+    argv = ["grok", "--preset", "tiny", "--arms", ",".join(_ATTENTION_ARMS), "--seeds", "0"]
+    assert cli.main([*argv, "--out", str(out)]) == 0
+  return out
+
+
+def test_attention_arms_are_offered_and_recorded():
+  for name in _ATTENTION_ARMS:
+    assert name in grok.ARMS and name in (grok.__doc__ or "")
+    definition = grok.arm_definition(grok.ARMS[name])
+    assert definition["attention"] == grok.ARMS[name].attention != "plain"
+  for name, arm in grok.ARMS.items():  # the plain arms' identities predate the field
+    if arm.attention == "plain":
+      assert "attention" not in grok.arm_definition(arm), name
+  for preset in grok.PRESETS.values():
+    assert not set(preset["arms"]) & set(_ATTENTION_ARMS)
+  assert grok.make_model(TINY) is grok.make_model(TINY, "plain")
+
+
+def test_attention_arms_share_the_circuit_init():
+  """The same seed gives every arm the same weights; the variants only add their own."""
+  flat = lambda t: {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(t)}
+  a2 = flat(grok.init_params(TINY, grok.ARMS["A2"], 3))
+  for name, extra in (
+    ("A2-qknorm", {"query_ln", "key_ln"}),
+    ("A2-sigma", {"gamma", "sigma_reparam"}),
+  ):
+    got = flat(grok.init_params(TINY, grok.ARMS[name], 3))
+    for k, v in a2.items():
+      np.testing.assert_array_equal(got[k], v, err_msg=f"{name} {k}")
+    added = set(got) - set(a2)
+    assert added and all(any(e in k for e in extra) for k in added), (name, added)
+
+
+def test_attention_arms_run_end_to_end(attention_runs, tiny_runs):
+  for name in _ATTENTION_ARMS:
+    r = _load(attention_runs, name)
+    assert r["config"]["arm"]["attention"] == grok.ARMS[name].attention
+    assert name in r["command"] and r["run_id"] in grok.run_file_name(TINY, name, 0, "tiny")
+    h = r["history"]
+    assert h["epoch"] == [0, 20, 40, 60, 80]
+    for k in ("train_acc", "test_acc", "train_loss", "isometry", "max_logit", "attn_entropy"):
+      assert len(h[k]) == 5 and all(np.isfinite(h[k])), (name, k)
+    assert h["train_loss"][-1] < h["train_loss"][0]
+    assert r["metrics"]["memorized_epoch"] is not None, name
+    assert min(h["max_logit"]) > 0 and min(h["attn_entropy"]) > 0
+    assert max(h["attn_entropy"]) <= np.log(3) + 1e-6  # three positions to attend to
+    assert r["metrics"]["max_logit_max"] == max(h["max_logit"])
+  b2qk, a2qk = (_load(attention_runs, a)["history"] for a in ("B2-qknorm", "A2-qknorm"))
+  assert max(b2qk["isometry"]) <= 2e-5 and max(b2qk["isometry_key"]) <= 2e-5  # on St
+  assert min(a2qk["isometry"]) > 1e-2
+  # The plain arms record the probe as well; their parameter counts leave no state out.
+  a2, sigma = _load(tiny_runs, "A2"), _load(attention_runs, "A2-sigma")
+  assert len(a2["history"]["max_logit"]) == 5
+  assert sigma["config"]["n_params"] == a2["config"]["n_params"] + 2  # the two gammas
+
+
+def test_sigma_state_advances_each_step_and_evaluation_reads_it():
+  from stiefax.experiments import attention  # pylint: disable=g-import-not-at-top
+
+  arm = grok.ARMS["A2-sigma"]
+  params = grok.init_params(TINY, arm, 0)
+  u0 = params[attention.SIGMA_COLLECTION]["block_0"]["attn"]
+  assert set(u0) == {"query", "key"} and u0["query"]["u"].shape == (TINY.d_model,)
+  data = {k: jax.numpy.asarray(v) for k, v in grok.make_data(TINY, 0).items()}
+  init, chunk, evaluate = grok.programs(TINY, arm, False, False)
+  new, _, ev = chunk(params, init(params), data)
+  u1 = new[attention.SIGMA_COLLECTION]["block_0"]["attn"]
+  for name in ("query", "key"):
+    assert not np.allclose(u1[name]["u"], u0[name]["u"])  # advanced by the steps
+    assert np.linalg.norm(u1[name]["u"]) == pytest.approx(1.0, rel=1e-5)
+    w = np.asarray(new["params"]["block_0"]["attn"][name]["kernel"])
+    w2d = w.reshape(w.shape[0], -1)
+    sigma, _ = attention.spectral_norm_step(jax.numpy.asarray(w2d), u1[name]["u"])
+    top = np.linalg.svd(w2d, compute_uv=False)[0]
+    assert float(sigma) == pytest.approx(top, rel=0.1)  # one power step a step: it lags
+  assert float(evaluate(new, data)["train_loss"]) == pytest.approx(float(ev["train_loss"]))
+  stale = {
+    **new,
+    attention.SIGMA_COLLECTION: jax.tree.map(
+      lambda u: jax.numpy.ones_like(u) / np.sqrt(u.size), new[attention.SIGMA_COLLECTION]
+    ),
+  }
+  assert float(evaluate(stale, data)["train_loss"]) != float(ev["train_loss"])  # it reads u
+
+
+def test_a_sigma_run_resumes_to_the_uninterrupted_result(
+  attention_runs, tmp_path, tiny_preset, monkeypatch, capsys
+):
+  out = tmp_path / "R"
+  argv = ["grok", "--preset", tiny_preset, "--arms", "A2-sigma", "--seeds", "0"]
+  argv += ["--checkpoint-every", "0", "--out", str(out)]
+  calls = _counting_chunks(monkeypatch, interrupt_at=2)
+  assert cli.main(argv) == 130  # stopped after the 2nd of 4 evaluation windows
+  assert "checkpoint at epoch 40" in capsys.readouterr().err
+  calls = _counting_chunks(monkeypatch)
+  assert cli.main(argv) == 0
+  assert "resuming from the checkpoint at epoch 40" in capsys.readouterr().out
+  assert len(calls) == 2
+  resumed, whole = _load(out, "A2-sigma"), _load(attention_runs, "A2-sigma")
+  assert resumed["resumed_from"] == 40 and whole["resumed_from"] is None
+  assert set(resumed["history"]) == set(whole["history"])
+  for k, v in whole["history"].items():  # the same programs on the same arrays, u included
+    np.testing.assert_array_equal(resumed["history"][k], v, err_msg=k)
+
+
+def test_sigma_seeds_vmapped_match_separate_runs(attention_runs):
+  config = dataclasses.replace(TINY, epochs=40)
+  runs = grok.train_seeds(config, "A2-sigma", [0, 1], progress=False, vmap=True)
+  ref = _load(attention_runs, "A2-sigma")["history"]
+  h = runs[0]["history"]
+  assert h["epoch"] == ref["epoch"][:3]
+  for k in ("train_loss", "isometry", "max_logit", "attn_entropy"):  # batched rounding
+    np.testing.assert_allclose(h[k], ref[k][:3], rtol=1e-2, atol=1e-6, err_msg=k)
+  assert not np.allclose(runs[1]["history"]["train_loss"], h["train_loss"])
 
 
 def test_every_setting_changes_the_file_name():

@@ -21,8 +21,14 @@ Arms (they differ only in how W_Q, W_K are treated, except where noted):
   A2-muon  optax.contrib.muon on W_Q, W_K (rate 0.02, decayed), unconstrained
   B2-qr    B2 with the sign-fixed QR retraction
   B2-cayley B2 with the Cayley retraction
+  A2-qknorm A2 with QK-norm: LayerNorm (no bias, learned scale) on each head's q and k
+  A2-sigma A2 with sigmaReparam W_Q, W_K: (gamma / sigma(W)) W, one power step a step
+  B2-qknorm B2 with the same QK-norm
 Stiefel arms start from the polar factor of the default W_Q, W_K initialization;
 every other parameter, and the train/held-out split, are shared by all arms of a seed.
+The last three are named explicitly (no preset runs them). Every evaluation also
+records the attention probe on the training batch: the largest logit |q.k| / sqrt(r)
+(max_logit) and the mean attention entropy (attn_entropy).
 
 Presets:
   quick (default)  A2,B2 at seed 0: the paper's model family (2-layer, 4-head, d=128,

@@ -70,6 +70,9 @@ ARMS = arms.select(
     "A2-muon",
     "B2-qr",
     "B2-cayley",
+    "A2-qknorm",
+    "A2-sigma",
+    "B2-qknorm",
   )
 )
 # Frame rates of the optimizer-family arms (grok has no rate selection).
@@ -91,20 +94,27 @@ _RECORDED = {
   "A2-muon": ("optax.contrib.muon on W_Q, W_K (rate 0.02), unconstrained", "muon"),
   "B2-qr": ("B2 with the QR retraction", "riemannian-qr"),
   "B2-cayley": ("B2 with the Cayley retraction", "riemannian-cayley"),
+  "A2-qknorm": ("A2 with QK-norm (LayerNorm on each head's q and k)", "adamw"),
+  "A2-sigma": ("A2 with sigmaReparam W_Q, W_K (gamma W / sigma(W))", "adamw"),
+  "B2-qknorm": ("B2 with QK-norm (LayerNorm on each head's q and k)", "riemannian"),
 }
 
 
 def arm_definition(arm: Arm) -> dict:
   """How runs record ``arm``: ``{"description", "rule", "orthonormal", "weight_decay",
-  "circuit_init_scale"}`` (the ``"arm"`` of a run's ``"config"``)."""
+  "circuit_init_scale"}`` (the ``"arm"`` of a run's ``"config"``), and ``"attention"``
+  for an arm whose attention is not plain (:mod:`stiefax.experiments.attention`)."""
   description, rule = _RECORDED[arm.name]
-  return {
+  definition = {
     "description": description,
     "rule": rule,
     "orthonormal": arm.orthonormal,
     "weight_decay": arm.weight_decay,
     "circuit_init_scale": arm.circuit_init_scale,
   }
+  if arm.attention != "plain":  # absent for the plain arms: their identities predate it
+    definition["attention"] = arm.attention
+  return definition
 
 
 # ----------------------------------------------------------------------------
@@ -170,9 +180,14 @@ def tail_mean(epochs, values, fraction: float = 0.25) -> float:
 
 
 def run_metrics(history: dict, config: GrokConfig) -> dict:
-  """The per-run metrics of the paper from an evaluation history."""
+  """The per-run metrics of the paper from an evaluation history.
+
+  With the attention probe in the history, also its last largest logit
+  (``max_logit``), the largest over the run (``max_logit_max``) and the last mean
+  attention entropy (``attn_entropy``).
+  """
   ep, tr, te, iso = (history[k] for k in ("epoch", "train_acc", "test_acc", "isometry"))
-  return {
+  metrics = {
     "memorized_epoch": memorized_epoch(ep, tr, config.memorize_threshold),
     "grokked_epoch": grokked_epoch(ep, te, config.grok_threshold),
     "sustained_epoch": sustained_epoch(ep, te, config.grok_threshold, config.sustain_k),
@@ -184,3 +199,8 @@ def run_metrics(history: dict, config: GrokConfig) -> dict:
     "max_isometry": float(np.max(iso)),
     "max_isometry_after_init": float(np.max(iso[1:])) if len(iso) > 1 else float(iso[0]),
   }
+  if history.get("max_logit"):
+    metrics["max_logit"] = float(history["max_logit"][-1])
+    metrics["max_logit_max"] = float(np.max(history["max_logit"]))
+    metrics["attn_entropy"] = float(history["attn_entropy"][-1])
+  return metrics

@@ -4,6 +4,14 @@ Every run is full-batch: one compiled program (``jax.lax.scan``) trains ``eval_e
 steps and evaluates. A run checkpoints (:class:`~stiefax.experiments.grok.checkpoints.
 Checkpoints`) and resumes to the result of an uninterrupted run; several seeds of an
 arm can train as one program (``jax.vmap``).
+
+An arm's attention (``Arm.attention``: plain, QK-norm or σReparam) picks the attention
+layer (:func:`stiefax.experiments.attention.attention_module`). σReparam's power-iteration
+vectors are a non-trained variable collection inside the parameter tree: each training
+step advances them, evaluation reads them, and checkpoints hold them with the
+parameters. Every evaluation also records the attention probe (largest logit and mean
+entropy on the training batch, :func:`stiefax.experiments.attention.probe`), computed by
+a program of its own so that the training and evaluation programs are unchanged.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ __all__ = [
   "init_params",
   "make_optimizer",
   "programs",
+  "probe_program",
   "stack",
   "unstack",
   "train",
@@ -58,11 +67,22 @@ def make_data(config: GrokConfig, seed: int) -> dict:
   return {"x_train": x[tr], "y_train": y[tr], "x_test": x[te], "y_test": y[te]}
 
 
+def make_model(config: GrokConfig, attention: str = "plain"):
+  """The paper's encoder for ``config``, as a Flax linen module.
+
+  ``attention``: the arm's attention variant (``plain``, ``qknorm`` or ``sigma``;
+  :mod:`stiefax.experiments.attention`); ``plain`` is Flax's
+  ``MultiHeadDotProductAttention``.
+  """
+  return _make_model(config, attention)
+
+
 @functools.cache
-def make_model(config: GrokConfig):
-  """The paper's encoder for ``config``, as a Flax linen module."""
+def _make_model(config: GrokConfig, attention: str):
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  from stiefax.experiments import attention as attention_lib  # pylint: disable=g-import-not-at-top
 
   class Block(nn.Module):
     """Pre-LN encoder block: x + MHA(LN(x)), then x + FFN(LN(x)); no mask."""
@@ -70,7 +90,8 @@ def make_model(config: GrokConfig):
     @nn.compact
     def __call__(self, x):
       h = nn.LayerNorm(name="ln_attn")(x)
-      h = nn.MultiHeadDotProductAttention(
+      h = attention_lib.attention_module(
+        attention,
         num_heads=config.num_heads,
         qkv_features=config.num_heads * config.head_dim,
         out_features=config.d_model,
@@ -114,21 +135,34 @@ def _key_labels(params):
   return stiefax.flax.qk_labels(params, modules=("key",))
 
 
+def _trained(variables):
+  """``variables`` without the non-trained state collection (the same tree if none)."""
+  from stiefax.experiments import attention as attention_lib  # pylint: disable=g-import-not-at-top
+
+  if not attention_lib.has_state(variables):
+    return variables
+  return {k: v for k, v in variables.items() if k != attention_lib.SIGMA_COLLECTION}
+
+
 @functools.cache
-def _jitted_init(config: GrokConfig):
+def _jitted_init(config: GrokConfig, attention: str = "plain"):
   import jax  # pylint: disable=g-import-not-at-top
 
-  return jax.jit(make_model(config).init)
+  return jax.jit(make_model(config, attention).init)
 
 
 def init_params(config: GrokConfig, arm: Arm, seed: int):
-  """The arm's starting point: the seed's default init, frames snapped if Stiefel."""
+  """The arm's starting point: the seed's default init, frames snapped if Stiefel.
+
+  The variables of the model (``{"params": ...}``, with the ``sigma_reparam`` state
+  collection for a σReparam arm).
+  """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   import stiefax  # pylint: disable=g-import-not-at-top
 
-  params = _jitted_init(config)(jax.random.key(seed), jnp.zeros((1, 3), jnp.int32))
+  params = _jitted_init(config, arm.attention)(jax.random.key(seed), jnp.zeros((1, 3), jnp.int32))
   labels = stiefax.flax.qk_labels(params)
   if arm.circuit_init_scale != 1.0:
     s = arm.circuit_init_scale
@@ -185,14 +219,19 @@ def programs(config: GrokConfig, arm: Arm, vmapped: bool = False, donate: bool =
   ``evaluate`` take every argument with a leading seed axis (``jax.vmap``), so all the
   seeds of an arm train as one program (``init_state`` stays per seed). ``donate``:
   ``train_chunk`` reuses the buffers of its parameter and state arguments.
+
+  For an arm with state (σReparam), a training step's forward pass advances the state
+  (:func:`stiefax.experiments.attention.apply_train`) and the step stores it in the new
+  parameters; evaluation reads it. The effective learning rates leave it out.
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
 
   import stiefax  # pylint: disable=g-import-not-at-top
+  from stiefax.experiments import attention as attention_lib  # pylint: disable=g-import-not-at-top
 
-  model = make_model(config)
+  model = make_model(config, arm.attention)
   tx = make_optimizer(config, arm)
 
   def loss_and_acc(params, x, y):
@@ -212,15 +251,25 @@ def programs(config: GrokConfig, arm: Arm, vmapped: bool = False, donate: bool =
       "isometry_key": stiefax.diagnostics.isometry_error(params, _key_labels),
     }
 
+  def stateful_loss(params, x, y):
+    logits, state = attention_lib.apply_train(model, params, x)
+    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y)), state
+
   def step(carry, _):
     params, opt_state, data = carry
-    loss_fn = lambda p: loss_and_acc(p, data["x_train"], data["y_train"])[0]
-    grads = jax.grad(loss_fn)(params)
+    state = None
+    if attention_lib.has_state(params):  # decided when tracing: the arm's attention
+      grads, state = jax.grad(stateful_loss, has_aux=True)(params, data["x_train"], data["y_train"])
+    else:
+      loss_fn = lambda p: loss_and_acc(p, data["x_train"], data["y_train"])[0]
+      grads = jax.grad(loss_fn)(params)
     updates, opt_state = tx.update(grads, opt_state, params)
-    new_params = optax.apply_updates(params, updates)
+    new_params = attention_lib.with_state(optax.apply_updates(params, updates), state)
     # Effective learning rate per group (W_Q/W_K frames, other matrices, vectors),
     # keeping the parameter/update inner product (stiefax.covariance).
-    summary = stiefax.covariance.update_summary(params, new_params, stiefax.flax.qk_labels)
+    summary = stiefax.covariance.update_summary(
+      _trained(params), _trained(new_params), stiefax.flax.qk_labels
+    )
     elr = {f"elr_{k.split('/')[0]}": v for k, v in summary.items() if k.endswith("/elr")}
     return (new_params, opt_state, data), elr
 
@@ -238,6 +287,29 @@ def programs(config: GrokConfig, arm: Arm, vmapped: bool = False, donate: bool =
     jax.jit(batch(train_chunk), donate_argnums=(0, 1) if donate else ()),
     jax.jit(batch(evaluate)),
   )
+
+
+@functools.cache
+def probe_program(config: GrokConfig, arm: Arm, vmapped: bool = False):
+  """Jitted ``(params, data) -> {"max_logit", "attn_entropy"}`` on the training batch.
+
+  The attention probe (:func:`stiefax.experiments.attention.probe`): the largest
+  ``|q.k| / sqrt(r)`` and the mean attention entropy over layers, training sequences,
+  heads and queries. A program of its own, reading the parameters ``train_chunk``
+  returns, so that the training and evaluation programs are those of a run without it.
+  ``vmapped``: every argument has a leading seed axis.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from stiefax.experiments import attention as attention_lib  # pylint: disable=g-import-not-at-top
+
+  model = make_model(config, arm.attention)
+
+  def probe(params, data):
+    got = attention_lib.probe(model, params, data["x_train"])
+    return {"max_logit": got["max_logit"], "attn_entropy": got["entropy"]}
+
+  return jax.jit(jax.vmap(probe) if vmapped else probe)
 
 
 class _StopRequest:
@@ -350,6 +422,7 @@ def train_seeds(
   datas = [{k: jnp.asarray(v) for k, v in make_data(config, s).items()} for s in seeds]
   params = [init_params(config, arm, s) for s in seeds]
   opt_init, train_chunk, evaluate = programs(config, arm, vmap)
+  probe = probe_program(config, arm, vmap)
   opt_state = [opt_init(p) for p in params]
   histories: list[dict[str, list]] = [
     {k: [] for k in ("epoch", "train_acc", "test_acc", "train_loss", "isometry", "isometry_key")}
@@ -365,7 +438,7 @@ def train_seeds(
         history.setdefault(k, []).append(float(v[i] if vmap else v))
     return {k: v[0] if vmap else v for k, v in ev.items()}
 
-  epoch, earlier_wall, resumed_from = 0, [0.0] * n, None
+  epoch, earlier_wall, resumed_from, probing = 0, [0.0] * n, None, True
   ckpts: Sequence[Checkpoints] = checkpoints or ()
   reached = {c.latest_epoch() for c in ckpts} or {None}
   if len(reached) > 1:
@@ -384,6 +457,8 @@ def train_seeds(
           " run afresh."
         )
       histories[i], earlier_wall[i] = meta["history"], float(meta["wall_time"])
+    # A checkpoint from before the attention probe was recorded resumes without it.
+    probing = all("max_logit" in h for h in histories)
     epoch = resumed_from = latest
     print(
       f"  {arm_name} seed{'s' * (n > 1)} {','.join(map(str, seeds))}: resuming from the"
@@ -395,8 +470,13 @@ def train_seeds(
     data = stack(datas)
   else:
     params, opt_state, data = params[0], opt_state[0], datas[0]
+
+  def evaluation(ev):
+    """The evaluation ``ev`` of ``params`` with the attention probe (if recorded)."""
+    return {**ev, **probe(params, data)} if probing else ev
+
   if latest is None:
-    record(0, evaluate(params, data))
+    record(0, evaluation(evaluate(params, data)))
 
   def save():
     per_seed = zip(unstack(params, n), unstack(opt_state, n)) if vmap else [(params, opt_state)]
@@ -422,7 +502,7 @@ def train_seeds(
     while epoch < config.epochs:
       params, opt_state, ev = train_chunk(params, opt_state, data)
       epoch += config.eval_every
-      ev = record(epoch, ev)
+      ev = record(epoch, evaluation(ev))
       bar.set_postfix(
         train=f"{ev['train_acc']:.3f}",
         test=f"{ev['test_acc']:.3f}",
@@ -452,7 +532,7 @@ def train_seeds(
   per_seed = unstack(params, n) if vmap else [params]
   records = []
   for i, s in enumerate(seeds):
-    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(per_seed[i]))
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(_trained(per_seed[i])))
     records.append(
       {
         "experiment": "grok",
