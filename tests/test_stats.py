@@ -41,3 +41,46 @@ def test_paired_differences_equal_up_to_rounding_have_no_t():
   res = stats.paired(a, a + 0.07)  # 0.07 added in floating point: spread ~1e-17
   assert np.isnan(res.t) and np.isnan(res.p)
   assert res.mean == pytest.approx(0.07) and res.wins == 3
+
+
+def test_t_interval_matches_scipy():
+  import numpy as np
+  from scipy import stats as sps
+
+  from stiefax.experiments import stats
+
+  x = np.array([0.3, 1.2, 0.7, 0.9, 1.5, 0.2])
+  lo, hi = stats.t_interval(x)
+  ref = sps.t.interval(0.95, x.size - 1, loc=x.mean(), scale=sps.sem(x))
+  assert abs(lo - ref[0]) < 1e-12 and abs(hi - ref[1]) < 1e-12
+  p = stats.paired(np.zeros(6), x)
+  assert (p.t_low, p.t_high) == (lo, hi)
+
+
+def test_a_verdict_needs_six_seeds_and_both_intervals():
+  import numpy as np
+
+  from stiefax.experiments import stats
+
+  up = [0.9, 1.1, 1.0, 1.2, 0.8, 1.05]
+  assert stats.paired(np.zeros(6), up).verdict == "b > a"
+  assert stats.paired(np.zeros(6), [-u for u in up]).verdict == "b < a"
+  assert stats.paired(np.zeros(3), up[:3]).verdict == "not settled"  # too few seeds
+  assert stats.paired(np.zeros(6), [1.0, -1.1, 0.9, -0.8, 0.2, -0.3]).verdict == "no difference"
+  # Bootstrap excludes 0 but the t-interval does not: the intervals disagree.
+  skew = [0.05, 0.06, 0.04, 0.05, 0.07, 3.0]
+  p = stats.paired(np.zeros(6), skew)
+  assert p.ci_low > 0 and p.t_low < 0 and p.verdict == "not settled"
+
+
+def test_ratio_interval_holds_the_ratio_of_means():
+  import numpy as np
+
+  from stiefax.experiments import stats
+
+  rng = np.random.default_rng(0)
+  den = 7 + 0.3 * rng.normal(size=12)
+  num = 0.9 * den + 0.2 * rng.normal(size=12)
+  lo, hi = stats.ratio_ci(num, den)
+  assert lo < num.mean() / den.mean() < hi and hi - lo < 0.1
+  assert np.isnan(stats.ratio_ci([1.0], [2.0])[0])

@@ -28,6 +28,7 @@ __all__ = [
   "by_seed",
   "paired_by_seed",
   "paired_cells",
+  "PAIRED_HEADER",
   "pyplot",
   "save_figure",
 ]
@@ -83,16 +84,27 @@ def paired_by_seed(
   return stats.paired([scale * base[s] for s in common], [scale * other[s] for s in common])
 
 
+#: The columns of :func:`paired_cells`, after the difference's own header.
+PAIRED_HEADER = ("t", "p", "wins", "t 95% CI", "boot 95% CI", "verdict")
+
+
 def paired_cells(p: Optional[stats.Paired]) -> list[str]:
-  """``[mean, t, p, wins/n, 95% CI]`` of a paired difference (five dashes for None)."""
+  """``[mean, t, p, wins/n, t CI, bootstrap CI, verdict]`` of a paired difference.
+
+  The verdict is the statistical standard's (:func:`stiefax.experiments.stats.verdict`):
+  ``higher``/``lower`` (b than a), ``no difference`` or ``not settled``. Seven dashes
+  for None.
+  """
   if p is None:
-    return ["-"] * 5
+    return ["-"] * 7
   return [
     f"{p.mean:+.2f}",
     num(p.t, ".2f"),
     num(p.p, ".2g"),
     f"{p.wins}/{p.n}",
+    "-" if not math.isfinite(p.t_low) else f"[{p.t_low:+.2f}, {p.t_high:+.2f}]",
     f"[{p.ci_low:+.2f}, {p.ci_high:+.2f}]",
+    {"b > a": "higher", "b < a": "lower"}.get(p.verdict, p.verdict),
   ]
 
 

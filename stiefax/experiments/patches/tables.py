@@ -24,6 +24,7 @@ from stiefax.experiments.patches.runs import run_identity
 from stiefax.experiments.patches.settings import ARMS
 from stiefax.experiments.patches.settings import EXPERIMENT
 from stiefax.experiments.patches.settings import Setting
+from stiefax.experiments.reporting import PAIRED_HEADER
 from stiefax.experiments.reporting import num as _num
 from stiefax.experiments.reporting import paired_cells as _paired_cells
 from stiefax.experiments.reporting import table as _table
@@ -89,6 +90,14 @@ CONTRASTS = (
   ("QR retraction", "B2-qr", "B2", "QR vs polar retraction, same step"),
   ("Cayley retraction", "B2-cayley", "B2", "Cayley vs polar retraction, same step"),
   ("Muon, free frames", "A2-muon", "B2", "orthogonalized updates, frames unconstrained"),
+  # Against the practitioners' logit controls (docs/reproduction.md, "Against QK-norm").
+  ("QK-norm", "A2-qknorm", "A2", "LayerNorm on q and k, AdamW frames"),
+  ("sigmaReparam", "A2-sigma", "A2", "spectrally normalised W_Q, W_K, AdamW"),
+  ("frozen vs QK-norm", "frozen", "A2-qknorm", "orthonormal frames vs QK-norm"),
+  ("B2 vs QK-norm", "B2", "A2-qknorm", "trained orthonormal frames vs QK-norm"),
+  ("frozen vs sigmaReparam", "frozen", "A2-sigma", "orthonormal frames vs sigmaReparam"),
+  ("B2 vs sigmaReparam", "B2", "A2-sigma", "trained orthonormal frames vs sigmaReparam"),
+  ("QK-norm on B2", "B2-qknorm", "B2", "is the norm redundant with orthonormal frames?"),
 )
 
 
@@ -141,10 +150,7 @@ def _report_main(runs: Sequence[dict], out_dir: pathlib.Path, tag: str) -> list[
           "seeds",
           "test acc %",
           "Δ vs A2 pp",
-          "t",
-          "p",
-          "wins",
-          "95% CI (pp)",
+          *PAIRED_HEADER,
           "isometry",
           "s/epoch",
         ],
@@ -152,8 +158,8 @@ def _report_main(runs: Sequence[dict], out_dir: pathlib.Path, tag: str) -> list[
       )
     )
     lines.append(
-      "  mean ± sample std (ddof=1) over seeds; Δ paired within seed;"
-      " bootstrap CI over 20 000 resamples."
+      "  mean ± sample std (ddof=1) over seeds; Δ paired within seed; paired-t and"
+      " 20 000-resample bootstrap 95% CIs; verdict: both CIs agree on >= 6 seeds."
     )
     rows = []
     for name, b, a, what in CONTRASTS:
@@ -162,9 +168,7 @@ def _report_main(runs: Sequence[dict], out_dir: pathlib.Path, tag: str) -> list[
         rows.append([name, f"{b} - {a}", *_paired_cells(p), what])
     if rows:
       lines.append("")
-      lines.append(
-        _table(["contrast", "arms", "Δ pp", "t", "p", "wins", "95% CI (pp)", "isolates"], rows)
-      )
+      lines.append(_table(["contrast", "arms", "Δ pp", *PAIRED_HEADER, "isolates"], rows))
     c = group[0]["config"]
     name = f"patches_{tag}_n{c['n_train']}_e{c['epochs']}_depth{c['depth']}_lr{c['adamw_lr']:g}"
     if name in used:
@@ -185,6 +189,8 @@ def _report_frozen_share(runs: Sequence[dict]) -> list[str]:
   A share near 1 says orthonormal frames alone earn the gain; near 0, that training
   them with the Riemannian step does.
   """
+  from stiefax.experiments import stats  # pylint: disable=g-import-not-at-top
+
   groups: dict = {}
   for r in runs:
     groups.setdefault(_group_key(r["config"]), {}).setdefault(r["arm"], []).append(r)
@@ -202,6 +208,7 @@ def _report_frozen_share(runs: Sequence[dict]) -> list[str]:
     tr = _paired_row(sub["frozen"], sub["B2"])
     c = by_arm["A2"][0]["config"]
     share = fz.mean / b2.mean if b2.mean else float("nan")
+    share_lo, share_hi = stats.ratio_ci(fz.diffs, b2.diffs)
     rows.append(
       [
         str(c["depth"]),
@@ -213,6 +220,7 @@ def _report_frozen_share(runs: Sequence[dict]) -> list[str]:
         f"{b2.mean:+.2f} ({b2.wins}/{b2.n})",
         f"{tr.mean:+.2f} ({tr.wins}/{tr.n}, p={_num(tr.p, '.2g')})",
         _num(share, ".2f"),
+        f"[{_num(share_lo, '.2f')}, {_num(share_hi, '.2f')}]",
       ]
     )
   if not rows:
@@ -230,10 +238,49 @@ def _report_frozen_share(runs: Sequence[dict]) -> list[str]:
         "B2-A2 pp (wins)",
         "B2-frozen pp (wins, p)",
         "share",
+        "share 95% CI",
       ],
       rows,
     ),
-    "  paired within seed on the seeds all three arms share; share = (frozen - A2) / (B2 - A2).",
+    "  paired within seed on the seeds all three arms share; share = (frozen - A2) / (B2 - A2),"
+    " its CI the bootstrap of the ratio over seeds.",
+    "",
+  ]
+
+
+def _report_attention(runs: Sequence[dict]) -> list[str]:
+  """Per setting and arm: the largest attention logit and the attention entropy at the
+  end of training (and the largest logit during it), for the runs that record them."""
+  groups: dict = {}
+  for r in runs:
+    if r["metrics"].get("max_logit") is not None:
+      groups.setdefault(_group_key(r["config"]), {}).setdefault(r["arm"], []).append(r)
+  rows = []
+  for _key, by_arm in sorted(groups.items()):
+    for arm in _arm_order(by_arm):
+      rs = by_arm[arm]
+      c = rs[0]["config"]
+      m = [r["metrics"] for r in rs]
+      rows.append(
+        [
+          str(c["depth"]),
+          f"{c['adamw_lr']:g}",
+          arm,
+          str(len(rs)),
+          f"{np.mean([x['max_logit'] for x in m]):.1f}",
+          f"{np.max([x['max_logit_max'] for x in m]):.1f}",
+          f"{np.mean([x['attn_entropy'] for x in m]):.3f}",
+        ]
+      )
+  if not rows:
+    return []
+  return [
+    "patches (attention): on the first 256 training images, after the last epoch",
+    _table(
+      ["depth", "adamw_lr", "arm", "seeds", "max logit", "max during", "entropy (nats)"], rows
+    ),
+    "  max logit = max |q·k|/sqrt(r) over layers, images, heads and pairs (mean over seeds);"
+    " max during: over every epoch and seed; entropy: mean over queries.",
     "",
   ]
 
@@ -282,7 +329,7 @@ def _report_sweep_n(runs: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
   header = ["n", "steps", "epochs"] + [f"{a} %" for a in arms]
   for a in arms:
     if a != "A2":
-      header += [f"{a}-A2 pp", "t", "p", "wins", "95% CI (pp)"]
+      header += [f"{a}-A2 pp", *PAIRED_HEADER]
   lines = [
     "patches (sweep-n): data-size sweep at a fixed step budget",
     _table(header, rows),
@@ -316,7 +363,7 @@ def _report_sweep_eps(runs: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
     lines.append(f"{arm}: {_title(by_eps[ref_eps][0]['config'])}")
     lines.append(
       _table(
-        ["eps", "seeds", "test acc %", f"Δ vs {ref_eps:.0e} pp", "t", "p", "wins", "95% CI (pp)"],
+        ["eps", "seeds", "test acc %", f"Δ vs {ref_eps:.0e} pp", *PAIRED_HEADER],
         rows,
       )
     )
@@ -448,6 +495,7 @@ def report(runs: list[dict], out_dir: pathlib.Path) -> str:
   if "run" in by_protocol:
     lines += _report_main(by_protocol["run"], out_dir, "run")
     lines += _report_frozen_share(by_protocol["run"])
+    lines += _report_attention(by_protocol["run"])
   if "sweep-n" in by_protocol:
     lines += _report_sweep_n(by_protocol["sweep-n"], out_dir)
   if "sweep-eps" in by_protocol:
