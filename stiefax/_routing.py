@@ -72,15 +72,25 @@ def check_hyperparams(name: str, **values: Any) -> None:
   the update (:func:`hyperparams_ok`), where a bad value is a counted skip.
   """
   for arg, value in values.items():
-    words, test = _RANGES[arg]
-    if arg in _INTEGERS:
-      bad = not isinstance(value, int) or isinstance(value, bool) or not test(value)
-    elif not _static(value):
-      continue
-    else:
-      bad = not (math.isfinite(value) and test(value))
-    if bad:
-      raise ValueError(f"stiefax.{name}: {arg} must be {words}, got {value!r}.")
+    problem = hyperparam_problem(arg, value)
+    if problem is not None:
+      raise ValueError(f"stiefax.{name}: {arg} {problem}.")
+
+
+def hyperparam_problem(arg: str, value: Any) -> Any:
+  """``"must be <range>, got <value>"`` if the Python number ``value`` is out of range.
+
+  ``None`` when it is in range, or not a Python number (see :func:`check_hyperparams`).
+  The command line reuses it, so its flags have the ranges of the optimizers.
+  """
+  words, test = _RANGES[arg]
+  if arg in _INTEGERS:
+    bad = not isinstance(value, int) or isinstance(value, bool) or not test(value)
+  elif not _static(value):
+    return None
+  else:
+    bad = not (math.isfinite(value) and test(value))
+  return f"must be {words}, got {value!r}" if bad else None
 
 
 def hyperparams_ok(**values: Any) -> Any:

@@ -240,22 +240,33 @@ def programs(config: GrokConfig, arm: Arm, vmapped: bool = False, donate: bool =
   )
 
 
-class _StopRequest:
-  """While active, SIGINT asks the training loop to stop at the next evaluation.
+class Stopped(KeyboardInterrupt):
+  """Training stopped by a signal (``signum``: SIGINT or SIGTERM), checkpointed if it could."""
 
-  A second SIGINT stops at once (``KeyboardInterrupt``). Outside the main thread, where
-  signal handlers cannot be set, SIGINT keeps its default behaviour.
+  def __init__(self, signum: int):
+    super().__init__(signum)
+    self.signum = signum
+
+
+class _StopRequest:
+  """While active, SIGINT and SIGTERM ask the training loop to stop at the next evaluation.
+
+  SIGTERM (what ``kill``, ``timeout`` and batch schedulers send) is Ctrl-C's twin. A
+  second signal stops at once (:class:`Stopped`, a ``KeyboardInterrupt``). Outside the
+  main thread, where signal handlers cannot be set, both keep their default behaviour.
   """
 
   def __init__(self):
     self.requested = False
-    self._previous = None
+    self.signum = 0
+    self._previous: dict = {}
 
   def _handler(self, signum, frame):
     del frame
     if self.requested:
-      raise KeyboardInterrupt
+      raise Stopped(signum)
     self.requested = True
+    self.signum = signum
     print(
       "\nstiefax grok: stopping at the next evaluation and saving a checkpoint"
       " (Ctrl-C again to stop now)",
@@ -268,15 +279,16 @@ class _StopRequest:
     import threading  # pylint: disable=g-import-not-at-top
 
     if threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGINT, self._handler)
+      for sig in (signal.SIGINT, signal.SIGTERM):
+        self._previous[sig] = signal.signal(sig, self._handler)
     return self
 
   def __exit__(self, *exc):
     import signal  # pylint: disable=g-import-not-at-top
 
-    if self._previous is not None:
-      signal.signal(signal.SIGINT, self._previous)
-      self._previous = None
+    for sig, previous in self._previous.items():
+      signal.signal(sig, previous)
+    self._previous = {}
 
 
 def train(
@@ -291,8 +303,10 @@ def train(
   """Trains one arm from one seed; returns the run record (the JSON schema).
 
   With ``checkpoints``, a run starts from the latest checkpoint there if there is one,
-  saves one every ``checkpoint_every`` epochs (0: never) and, on SIGINT, saves one at
-  the next evaluation and raises ``KeyboardInterrupt``. The arithmetic of a resumed run
+  saves one every ``checkpoint_every`` epochs (0: never) and, on SIGINT or SIGTERM,
+  saves one at the next evaluation and raises :class:`Stopped` (a
+  ``KeyboardInterrupt``). A damaged checkpoint raises
+  :class:`~stiefax.experiments.grok.checkpoints.DamagedCheckpoint`. The arithmetic of a resumed run
   is that of the uninterrupted run: the same compiled programs on the same arrays.
   """
   return train_seeds(
@@ -444,7 +458,7 @@ def train_seeds(
           file=sys.stderr,
           flush=True,
         )
-        raise KeyboardInterrupt
+        raise Stopped(stop.signum)
   bar.close()
   for c in ckpts:
     c.close()
