@@ -43,6 +43,7 @@ __all__ = [
   "not_a_folder",
   "remove_folder",
   "claim",
+  "release_all",
   "RunLock",
 ]
 
@@ -207,6 +208,9 @@ def remove_folder(path: pathlib.Path) -> None:
     shutil.rmtree(path)  # rmtree never follows the links inside
 
 
+_HELD: set = set()  # the RunLocks this process holds, for release_all
+
+
 def _write_all(fd: int, data: bytes) -> None:
   """Writes all of ``data`` to ``fd`` (``os.write`` may write part of it)."""
   view = memoryview(data)
@@ -223,6 +227,13 @@ def claim(lock: RunLock, poll: float = 2.0, on_wait: Optional[Callable[[dict], N
     told = True
     time.sleep(poll)
   return lock
+
+
+def release_all() -> None:
+  """Releases every :class:`RunLock` this process holds (before an immediate exit)."""
+  for lock in list(_HELD):
+    with contextlib.suppress(OSError):
+      lock.release()
 
 
 class RunLock:
@@ -292,6 +303,7 @@ class RunLock:
         os.close(fd)
         raise
       self._fd = fd
+      _HELD.add(self)
       return True
 
   def release(self) -> None:
@@ -301,6 +313,7 @@ class RunLock:
       os.unlink(self.path)  # while still held: nobody can have claimed this file
     os.close(self._fd)
     self._fd = None
+    _HELD.discard(self)
 
   def holder(self) -> Optional[dict]:
     """``{"pid", "host", "since"}`` written by the current holder (None if unknown)."""

@@ -72,6 +72,7 @@ class Checkpoints:
     if self._manager is None:
       import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
+      self._remove_partial()  # a save cut short (the run's lock is held: nobody saves)
       options = ocp.CheckpointManagerOptions(
         max_to_keep=1, create=True, enable_async_checkpointing=False
       )

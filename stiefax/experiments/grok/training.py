@@ -252,8 +252,10 @@ class _StopRequest:
   """While active, SIGINT and SIGTERM ask the training loop to stop at the next evaluation.
 
   SIGTERM (what ``kill``, ``timeout`` and batch schedulers send) is Ctrl-C's twin. A
-  second signal stops at once (:class:`Stopped`, a ``KeyboardInterrupt``). Outside the
-  main thread, where signal handlers cannot be set, both keep their default behaviour.
+  second signal ends the process at once and quietly (exit status 128 + the signal):
+  the run's lock is released, the last checkpoint saved is kept (a save cut short
+  leaves only Orbax's temporary folder, removed when the run resumes). Outside the main
+  thread, where signal handlers cannot be set, both keep their default behaviour.
   """
 
   def __init__(self):
@@ -263,8 +265,19 @@ class _StopRequest:
 
   def _handler(self, signum, frame):
     del frame
-    if self.requested:
-      raise Stopped(signum)
+    if self.requested:  # stop now: quietly, without unwinding through JAX or Orbax
+      import os  # pylint: disable=g-import-not-at-top
+
+      from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+
+      store.release_all()
+      print(
+        "\nstiefax grok: stopped at once; the last checkpoint saved is kept",
+        file=sys.stderr,
+        flush=True,
+      )
+      sys.stdout.flush()
+      os._exit(128 + signum)
     self.requested = True
     self.signum = signum
     print(
