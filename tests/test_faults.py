@@ -178,6 +178,20 @@ def test_row2_a_linked_lock_is_refused_and_its_target_untouched(tmp_path, outsid
   assert not _run_path(out).exists()
 
 
+def test_row2_a_linked_result_is_never_read_nor_written_through(tmp_path, outside):
+  link = tmp_path / "run.json"
+  (outside / "keep.txt").write_text('{"seed": 0}')
+  link.symlink_to(outside / "keep.txt")
+  assert store.finished_run(link, lambda run: True) == (None, "it is a symbolic link")
+  with pytest.raises(FileExistsError):
+    store.write_json(link, {"seed": 1})
+  store.write_json(link, {"seed": 2}, overwrite=True)  # replaces the link itself
+  assert not link.is_symlink() and json.loads(link.read_text()) == {"seed": 2}
+  assert (outside / "keep.txt").read_text() == '{"seed": 0}'
+  (outside / "keep.txt").write_text("precious")
+  _untouched(outside)
+
+
 # ---------------------------------------------------------------------- row 3: a linked plot
 
 

@@ -150,9 +150,12 @@ def finished_run(path: pathlib.Path, same: Callable[[Any], bool]) -> tuple[Optio
   """``(run, "")`` if ``path`` holds a finished run for which ``same(run)`` is true.
 
   Else ``(None, reason)``: ``""`` when there is no file, otherwise why the file there
-  is not this run (unreadable, another configuration, a missing field).
+  is not this run (a symbolic link, unreadable, another configuration, a missing
+  field).
   """
   path = pathlib.Path(path)
+  if os.path.islink(path):  # never read through a link the store did not create
+    return None, "it is a symbolic link"
   if not path.is_file():
     return None, ""
   run, problem = read_json(path)
