@@ -471,6 +471,7 @@ def test_row12_a_failing_cache_write_is_a_notice(tmp_path, monkeypatch, capsys):
     ["certify", "--seed", "-1"],
     ["certify", "--seed", "4294967296"],
     ["patches", "--seeds", "4294967296", "--no-cache"],
+    ["patches", "--order-seed", "-1", "--no-cache"],
   ],
 )
 def test_row13_seeds_outside_32_bits_are_one_line(argv, tmp_path, capsys):

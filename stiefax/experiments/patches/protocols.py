@@ -414,6 +414,7 @@ def run(args: argparse.Namespace) -> int:
   arms = select_arms(args)
   seeds = check_seeds(args_lib.ints(args.seeds, "--seeds"), "--seeds")
   check_seeds(args_lib.ints(args.select_seeds, "--select-seeds"), "--select-seeds")
+  check_seeds([args.order_seed], "--order-seed")
   out_path = pathlib.Path(args.out).expanduser() if str(args.out).strip() else ""
   writable_dir(out_path, "--out")  # fail before reading data or training
   cache = _cache_dir(args)
