@@ -2,14 +2,20 @@
 
 A run is identified by its whole configuration: :func:`digest` is 8 hex digits of the
 SHA-256 of the configuration as canonical JSON, and goes into the run's file name, so
-runs that differ in any setting never share a file. :func:`write_json` writes a whole
-file or nothing (a temporary file in the same folder, then a rename), and
+runs that differ in any setting never share a file. :func:`atomic_write` (the one
+writer of every file the commands write: runs, plots, ``--json`` files, caches) and
+:func:`write_json` write a whole file or nothing (a temporary file in the same folder,
+then a rename, with the mode the umask gives a new file), and
 :class:`RunLock` lets one process at a time train a run: it holds an exclusive
 ``fcntl.flock`` on ``<run>.lock``, which the operating system drops when the process
 ends, however it ends, so a killed process never leaves a run locked (:func:`claim`
 waits for it). :func:`finished_run` reads a run back when its file holds the same
 run, else says why not; :func:`move_aside` renames a file that must make room,
 never deleting it. Every experiment command keeps its runs this way.
+
+The store never follows a symbolic link it did not create: a rename replaces a link
+itself, locks open with ``O_NOFOLLOW``, a run file that is a link is not read, and
+:func:`remove_folder` deletes only a real folder (:func:`not_a_folder` says why not).
 """
 
 from __future__ import annotations
