@@ -65,6 +65,11 @@ def fused_scalar_adam(
 
   def update_fn(updates, state, params=None):
     _routing.require_params("riemannian_adam", params)
+    # Traced b1, b2, eps out of range skip the frame-step in the moment (counted there);
+    # a traced tau out of range makes the step NaN, skipped by the retraction (as the
+    # chain's step_norm_cap does).
+    moment_ok = _routing.hyperparams_ok(b1=b1, b2=b2, eps=eps)
+    cap_ok = _routing.hyperparams_ok(max_norm=max_norm)
     if not isinstance(state, tuple) or isinstance(state, (ScalarMomentState, PolarRetractState)):
       raise ValueError(_WRONG_STATE.format(n=0, kind="chain", types=(type(state).__name__,)))
     states = list(state)
@@ -95,6 +100,8 @@ def fused_scalar_adam(
       )
       sq_norm = geometry.frame_sq_norm(xi)
       finite = jnp.isfinite(sq_norm)
+      if moment_ok is not None:
+        finite = finite & moment_ok
       m = jnp.where(expand(finite), m, m_prev)  # a skipped frame keeps m
       v = b2 * nu.astype(cd) + (1 - b2) * jnp.where(finite, sq_norm, 0)
       coef = jnp.where(finite, geometry.adam_coefficient(v, count, b1, b2, eps), 0)
@@ -103,7 +110,7 @@ def fused_scalar_adam(
       if max_norm is not None:
         norm = jnp.abs(coef) * jnp.sqrt(m_sq)
         limit = jnp.asarray(max_norm, cd) * math.sqrt(wf.shape[-1])
-        coef = coef * _routing.cap_factor(norm, limit)
+        coef = coef * _routing.nan_unless(cap_ok, _routing.cap_factor(norm, limit))
       delta, eta_finite = geometry.retraction_step(
         wf,
         expand(coef) * m,

@@ -1,13 +1,16 @@
 """Routing a pytree of frame parameters to the per-frame math of :mod:`stiefax.geometry`.
 
-The helpers every frame transform shares: the error for a missing ``params``, mapping
-a per-leaf function that returns several trees, the dtype a frame's update is
-computed in, per-frame masks and caps, and per-frame zeros sharded like the params.
+The helpers every frame transform shares: the error for a missing ``params``, the
+checks of scalar hyperparameters (eager for Python numbers, in the update for traced
+ones), mapping a per-leaf function that returns several trees, the dtype a frame's
+update is computed in, per-frame masks and caps, and per-frame zeros sharded like the
+params.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 from typing import Callable
 from typing import TypeVar
@@ -33,6 +36,88 @@ def require_params(name: str, params: Any) -> None:
   """Raises the one clear ValueError of a transform that needs ``params``."""
   if params is None:
     raise ValueError(PARAMS_REQUIRED.format(name=name))
+
+
+# The allowed range of each scalar hyperparameter: (its words, its test). A test uses
+# only comparisons joined by ``&``, so it serves Python numbers and traced arrays alike.
+_RANGES: dict[str, tuple[str, Callable[[Any], Any]]] = {
+  "learning_rate": ("finite and >= 0", lambda v: v >= 0),
+  "b1": ("in [0, 1)", lambda v: (v >= 0) & (v < 1)),
+  "b2": ("in [0, 1)", lambda v: (v >= 0) & (v < 1)),
+  "beta": ("in [0, 1)", lambda v: (v >= 0) & (v < 1)),
+  "eps": ("finite and >= 0", lambda v: v >= 0),
+  "weight_decay": ("finite and >= 0", lambda v: v >= 0),
+  "max_norm": ("finite and > 0, or None", lambda v: v > 0),
+  "step_bound": ("finite and > 0, or None", lambda v: v > 0),
+  "init_tol": ("finite and >= 0, or None", lambda v: v >= 0),
+  "radius": ("finite and > 0, or None", lambda v: v > 0),
+  "iterations": ("an int >= 1", lambda v: v >= 1),
+  "ns_iterations": ("an int >= 1", lambda v: v >= 1),
+}
+_INTEGERS = ("iterations", "ns_iterations")
+
+
+def _static(value: Any) -> bool:
+  """Whether ``value`` is a Python number (not a bool): checked when the optimizer is built."""
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_hyperparams(name: str, **values: Any) -> None:
+  """A ValueError naming the argument and its range for a Python number out of range.
+
+  ``values`` maps argument names (keys of the range table: ``learning_rate``, ``b1``,
+  ``b2``, ``beta``, ``eps``, ``weight_decay``, ``max_norm``, ``step_bound``,
+  ``init_tol``, ``radius``, ``iterations``, ``ns_iterations``) to what the caller
+  passed. ``None``, arrays, tracers and schedules are left alone: they are checked in
+  the update (:func:`hyperparams_ok`), where a bad value is a counted skip.
+  """
+  for arg, value in values.items():
+    problem = hyperparam_problem(arg, value)
+    if problem is not None:
+      raise ValueError(f"stiefax.{name}: {arg} {problem}.")
+
+
+def hyperparam_problem(arg: str, value: Any) -> Any:
+  """``"must be <range>, got <value>"`` if the Python number ``value`` is out of range.
+
+  ``None`` when it is in range, or not a Python number (see :func:`check_hyperparams`).
+  The command line reuses it, so its flags have the ranges of the optimizers.
+  """
+  words, test = _RANGES[arg]
+  if arg in _INTEGERS:
+    bad = not isinstance(value, int) or isinstance(value, bool) or not test(value)
+  elif not _static(value):
+    return None
+  else:
+    bad = not (math.isfinite(value) and test(value))
+  return f"must be {words}, got {value!r}" if bad else None
+
+
+def hyperparams_ok(**values: Any) -> Any:
+  """A traced bool: whether the traced hyperparameters in ``values`` are in range.
+
+  ``None`` when every value is a Python number (checked already) or ``None``: the
+  update's arithmetic is then left exactly as it was. A transform folds the result into
+  its per-frame finiteness test, so a schedule or an injected hyperparameter that turns
+  non-finite (or leaves its range) during training skips the step and is counted,
+  like a non-finite gradient.
+  """
+  ok = None
+  for arg, value in values.items():
+    if value is None or _static(value) or callable(value):
+      continue
+    v = jnp.asarray(value)
+    test = jnp.isfinite(v) & _RANGES[arg][1](v)
+    ok = test if ok is None else ok & test
+  return ok
+
+
+def nan_unless(ok: Any, x: jax.Array) -> jax.Array:
+  """``x`` where ``ok`` (from :func:`hyperparams_ok`; ``None``: always), else NaN.
+
+  A step made NaN this way is skipped and counted by the retraction that follows.
+  """
+  return x if ok is None else jnp.where(ok, x, jnp.nan)
 
 
 def per_leaf(fn: Callable[..., Any], n_out: int, tree: Any, *rest: Any) -> tuple[Any, ...]:

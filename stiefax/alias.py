@@ -126,6 +126,15 @@ def riemannian_adam(
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
   _routing.check_name("moment", moment, MOMENTS)
+  _routing.check_hyperparams(
+    "riemannian_adam",
+    learning_rate=learning_rate,
+    b1=b1,
+    b2=b2,
+    eps=eps,
+    max_norm=max_norm,
+    init_tol=init_tol,
+  )
   moment_fn = transforms.scalar_moment if moment == "scalar" else transforms.elementwise_moment
   transport = geometry.projection(projector).transport
   lr_tx = optax.scale_by_learning_rate(learning_rate)
@@ -205,6 +214,7 @@ def riemannian_sgd(
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
+  _routing.check_hyperparams("riemannian_sgd", learning_rate=learning_rate, init_tol=init_tol)
   return optax.chain(
     project(projector, frames=frames),
     optax.scale_by_learning_rate(learning_rate),
@@ -364,6 +374,14 @@ def stiefel_adamw(
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
+  _routing.check_hyperparams(
+    "stiefel_adamw",
+    learning_rate=learning_rate,
+    weight_decay=weight_decay,
+    b1=b1,
+    b2=b2,
+    eps=eps,
+  )
   named = qk_frames()
   if stiefel is None:
     stiefel = riemannian_adam(frames=named if frames is None else frames)

@@ -262,9 +262,13 @@ def manifold_muon(
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
   _routing.check_name("retraction", retraction, geometry.RETRACTIONS)
-  for name, value in (("iterations", iterations), ("ns_iterations", ns_iterations)):
-    if not isinstance(value, int) or value < 1:
-      raise ValueError(f"stiefax.manifold_muon: {name} must be a positive int, got {value!r}.")
+  _routing.check_hyperparams(
+    "manifold_muon",
+    learning_rate=learning_rate,
+    beta=beta,
+    iterations=iterations,
+    ns_iterations=ns_iterations,
+  )
   bound = float(learning_rate) if isinstance(learning_rate, (int, float)) else None
 
   def init_fn(params):
@@ -291,6 +295,8 @@ def manifold_muon(
     # As optax.scale_by_learning_rate: a schedule is read at the count before the step.
     lr = learning_rate(mstate.count) if callable(learning_rate) else learning_rate
     neg_lr = -jnp.asarray(lr)
+    # A traced beta or rate out of range (a schedule turned NaN): a counted skip.
+    ok = _routing.hyperparams_ok(beta=beta, learning_rate=lr)
 
     def leaf(path, g, w, mu, lam, res, gap, skipped):
       spec = resolve_frames(frames, path, w)
@@ -299,6 +305,8 @@ def manifold_muon(
       gf = spec.to_frames(g).astype(cd)
       m_prev = spec.to_frames(mu).astype(cd)
       finite = jnp.isfinite(geometry.frame_sq_norm(gf))
+      if ok is not None:
+        finite = finite & ok
       gf = jnp.where(_routing.expand(finite), gf, 0)
       m = geometry.stiefel_tangent(wf, beta * m_prev + gf)
       direction = geometry.stiefel_tangent(wf, beta * m + gf) if nesterov else m

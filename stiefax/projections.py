@@ -148,13 +148,17 @@ def step_norm_cap(
     0.2...
 
   Args:
-    max_norm: ``tau``; a float or a scalar array (traced under
-      ``optax.inject_hyperparams``, so it can follow a schedule there).
+    max_norm: ``tau``; a float (finite and > 0, else a ValueError) or a scalar array
+      (traced under ``optax.inject_hyperparams``, so it can follow a schedule there;
+      a traced value that is not finite and >= 0 makes the step NaN, which the
+      retraction that follows skips and counts).
     frames: how each leaf is viewed as frames.
 
   Returns:
     An ``optax.GradientTransformation``.
   """
+
+  _routing.check_hyperparams("step_norm_cap", max_norm=max_norm)
 
   def init_fn(params):
     del params
@@ -162,6 +166,7 @@ def step_norm_cap(
 
   def update_fn(updates, state, params=None):
     del params
+    ok = _routing.hyperparams_ok(max_norm=max_norm)  # a traced tau out of range: a NaN step
 
     def leaf(path, u):
       spec = checked_frames(frames, path, u)
@@ -170,9 +175,8 @@ def step_norm_cap(
       r = eta.shape[-1]
       norm = jnp.sqrt(geometry.frame_sq_norm(eta))
       limit = jnp.asarray(max_norm, cd) * math.sqrt(r)
-      return spec.from_frames(
-        eta * _routing.expand(_routing.cap_factor(norm, limit)), u.shape
-      ).astype(u.dtype)
+      factor = _routing.nan_unless(ok, _routing.cap_factor(norm, limit))
+      return spec.from_frames(eta * _routing.expand(factor), u.shape).astype(u.dtype)
 
     return jax.tree_util.tree_map_with_path(leaf, updates), state
 

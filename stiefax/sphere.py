@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from stiefax import _routing
 from stiefax import geometry
 from stiefax._routing import cap_factor
 from stiefax._routing import keyword_frames
@@ -194,6 +195,8 @@ def sphere_retract(
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
 
+  _routing.check_hyperparams("sphere_retract", radius=radius)
+
   def init_fn(params):
     del params
     return optax.EmptyState()
@@ -271,6 +274,8 @@ def sphere_moment(
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
 
+  _routing.check_hyperparams("sphere_moment", b1=b1, b2=b2, eps=eps)
+
   def init_fn(params):
     def leaf(path, w):
       axes = _leaf_axes(frames, path, w)
@@ -287,6 +292,7 @@ def sphere_moment(
   def update_fn(updates, state, params=None):
     _require_params("sphere_moment", params)
     count = optax.safe_increment(state.count)
+    ok = _routing.hyperparams_ok(b1=b1, b2=b2, eps=eps)
 
     def leaf(path, u, w, mu, nu, skipped):
       axes = _leaf_axes(frames, path, w)
@@ -294,6 +300,8 @@ def sphere_moment(
       wf, xi, m_prev = w.astype(cd), u.astype(cd), mu.astype(cd)
       v_prev = _expand_to_frames(nu.astype(cd), w.shape, axes)
       finite = jnp.all(jnp.isfinite(xi), axis=axes, keepdims=True)
+      if ok is not None:  # traced b1, b2, eps out of range: a counted skip
+        finite = finite & ok
       xi = jnp.where(finite, xi, 0)
       m = project_to_sphere_tangent(wf, b1 * m_prev + (1 - b1) * xi, axes)
       v = b2 * v_prev + (1 - b2) * frame_inner(xi, xi, axes)
@@ -352,6 +360,7 @@ def _sphere_cap(max_norm, frames: FramesLike) -> optax.GradientTransformation:
 
   def update_fn(updates, state, params=None):
     del params
+    ok = _routing.hyperparams_ok(max_norm=max_norm)  # a traced tau out of range: a NaN step
 
     def leaf(path, u):
       spec = resolve_frames(frames, path, u)
@@ -360,7 +369,7 @@ def _sphere_cap(max_norm, frames: FramesLike) -> optax.GradientTransformation:
       eta = u.astype(cd)
       norm = jnp.sqrt(frame_inner(eta, eta, axes))
       limit = jnp.asarray(max_norm, cd) * math.sqrt(frame_columns(spec, u.shape))
-      return (eta * cap_factor(norm, limit)).astype(u.dtype)
+      return (eta * _routing.nan_unless(ok, cap_factor(norm, limit))).astype(u.dtype)
 
     return jax.tree_util.tree_map_with_path(leaf, updates), state
 
@@ -429,6 +438,15 @@ def hyperball_adam(
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
+  _routing.check_hyperparams(
+    "hyperball_adam",
+    learning_rate=learning_rate,
+    b1=b1,
+    b2=b2,
+    eps=eps,
+    max_norm=max_norm,
+    radius=radius,
+  )
   parts = [
     sphere_project(frames=frames),
     sphere_moment(b1, b2, eps, frames=frames, mu_dtype=mu_dtype),

@@ -20,6 +20,13 @@ their state's ``skipped`` field (one int32 per frame, so head-sharded states nee
 communication to keep it); read them anywhere in an
 optimizer state with ``optax.tree_utils.tree_get_all_with_path(state, "skipped")``.
 
+Hyperparameters: every transform and alias checks its scalar hyperparameters when it is
+built, a ``ValueError`` naming the argument and its range (``b1``, ``b2`` in [0, 1),
+``eps`` finite and >= 0, ``max_norm`` finite and > 0 or None, rates finite and >= 0).
+Only Python numbers are checked then; a traced value (``optax.inject_hyperparams``, a
+schedule) that is non-finite or out of range at some step skips that step and is
+counted in ``skipped``, like a non-finite gradient.
+
 Sharding: ``init`` builds every state leaf with ``zeros_like`` of the params (per-frame
 leaves from one entry of each frame), so a state initialized outside ``jit`` from
 sharded params is sharded like them, and every update works frame by frame (see the
@@ -141,6 +148,7 @@ def _moment(
   elementwise: bool,
   mu_dtype: Any,
 ) -> optax.GradientTransformation:
+  _routing.check_hyperparams(name, b1=b1, b2=b2, eps=eps)
   tangent = geometry.projection(geometry.projection(projector).transport).project
   state_cls = ElementwiseMomentState if elementwise else ScalarMomentState
 
@@ -171,6 +179,9 @@ def _moment(
       # One reduction serves both the finiteness test and the scalar moment.
       sq_norm = geometry.frame_sq_norm(xi)
       finite = jnp.isfinite(sq_norm)
+      ok = _routing.hyperparams_ok(b1=b1, b2=b2, eps=eps)  # traced b1, b2, eps in range
+      if ok is not None:
+        finite = finite & ok
       xi = jnp.where(expand(finite), xi, 0)
       # Moment transport: the previous m is re-projected at the current W.
       m = tangent(wf, b1 * m_prev + (1 - b1) * xi)
@@ -438,6 +449,7 @@ def _retract(
   name: str,
 ) -> optax.GradientTransformation:
   _routing.check_name("retraction", retraction, RETRACTIONS)
+  _routing.check_hyperparams(name, step_bound=step_bound, init_tol=init_tol)
   if method not in geometry.POLAR_METHODS:
     raise ValueError(
       f"Unknown polar method {method!r}; valid methods are {geometry.POLAR_METHODS}."

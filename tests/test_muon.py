@@ -164,7 +164,7 @@ def test_composes_with_stiefel_adamw_and_schedules():
 def test_bad_arguments_are_clear_errors(rng):
   with pytest.raises(ValueError, match="Unknown retraction 'exp'"):
     stiefax.manifold_muon(0.1, retraction="exp")
-  with pytest.raises(ValueError, match="iterations must be a positive int"):
+  with pytest.raises(ValueError, match="iterations must be an int >= 1"):
     stiefax.manifold_muon(0.1, iterations=0)
   w = jnp.asarray(np.transpose(ref.random_frames(rng, (2, 10, 3)), (1, 0, 2)))
   tx = stiefax.manifold_muon(0.1)

@@ -3,16 +3,21 @@
 Each command lives in its own module of :mod:`stiefax.experiments`, which defines
 ``add_arguments(parser)`` and ``run(args) -> int``; it is imported only when used, so
 ``stiefax --help`` stays fast. A :class:`CommandError` raised by a command prints one
-line (``stiefax <command>: error: ...``) and exits with status 2, never a traceback.
+line (``stiefax <command>: error: ...``) and exits with status 2, never a traceback; so
+does an ``OSError`` (a full disk, an unwritable folder). SIGTERM is handled as Ctrl-C
+(exit status 128 + the signal); after either, a further one ends the process quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pathlib
+import signal
 import sys
 import tempfile
+import threading
 from typing import Sequence
 
 # name -> (module, one-line help). Order is the order of `stiefax --help`.
@@ -31,13 +36,30 @@ class CommandError(Exception):
   """A user error: printed as one line, exit status 2."""
 
 
+#: Seeds are 32-bit: ``jax.random.key`` and NumPy take seeds in [0, SEED_LIMIT).
+SEED_LIMIT = 2**32
+
+
+def check_seeds(seeds: Sequence[int], flag: str) -> list[int]:
+  """``seeds`` as a list, or a ``CommandError`` naming ``flag`` if one is outside [0, 2**32)."""
+  bad = [s for s in seeds if not 0 <= s < SEED_LIMIT]
+  if bad:
+    raise CommandError(f"{flag} {bad[0]}: seeds must be non-negative integers below 2**32.")
+  return list(seeds)
+
+
 def writable_dir(path, what: str) -> pathlib.Path:
   """Creates ``path`` if needed and checks that a file can be written there.
 
   Raises:
-    CommandError: ``"<what> <path>: cannot write there (<reason>)."``
+    CommandError: ``"<what> <path>: cannot write there (<reason>)."``; also for an
+      empty path (which would mean the current folder) and for a file.
   """
+  if not str(path).strip():
+    raise CommandError(f"{what} is empty; name a folder (e.g. {what} runs).")
   out = pathlib.Path(path)
+  if out.exists() and not out.is_dir():
+    raise CommandError(f"{what} {path}: is a file, not a folder.")
   try:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
@@ -45,6 +67,12 @@ def writable_dir(path, what: str) -> pathlib.Path:
   except OSError as e:
     raise CommandError(f"{what} {path}: cannot write there ({e.strerror or e}).") from None
   return out
+
+
+def os_error(e: OSError) -> str:
+  """An ``OSError`` as one line: ``"<file>: <reason>"``."""
+  where = f"{e.filename}: " if e.filename else ""
+  return f"{where}{e.strerror or ' '.join(str(e).split())}"
 
 
 def progress_bar(
@@ -104,6 +132,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+  """Runs ``stiefax argv`` (default: the program's arguments) and returns its exit status."""
+  as_program = argv is None
   argv = list(sys.argv[1:] if argv is None else argv)
   parser, parsers = build_parser()
   # Only the chosen command's module is imported (and adds its arguments).
@@ -115,14 +145,61 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parser.parse_args(argv)
   sub_parser, module = parsers[args.command]
   mod = importlib.import_module(module)
+  previous = _terminate_as_interrupt()
   try:
     return int(mod.run(args) or 0)
   except CommandError as e:
     print(f"stiefax {args.command}: error: {e}", file=sys.stderr)
     return 2
-  except KeyboardInterrupt:
+  except OSError as e:  # a full disk, an unwritable folder: one line, not a traceback
+    print(f"stiefax {args.command}: error: {os_error(e)}", file=sys.stderr)
+    return 2
+  except KeyboardInterrupt as e:
+    signum = getattr(e, "signum", signal.SIGINT)
+    if as_program:
+      _quiet_exit_on_signal()
     print(f"stiefax {args.command}: interrupted", file=sys.stderr)
-    return 130
+    return 128 + int(signum)
+  finally:
+    if previous is not None:
+      signal.signal(signal.SIGTERM, previous)
+
+
+class _Terminated(KeyboardInterrupt):
+  """SIGTERM, raised as an interrupt so that locks are released and files closed."""
+
+  signum = signal.SIGTERM
+
+
+def _raise_terminated(signum, frame):
+  del signum, frame
+  raise _Terminated
+
+
+def _terminate_as_interrupt():
+  """Makes SIGTERM raise like Ctrl-C while a command runs (main thread only)."""
+  if threading.current_thread() is not threading.main_thread():
+    return None
+  return signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+def _quiet_exit_on_signal() -> None:
+  """After an interrupt, a further Ctrl-C or SIGTERM ends the process at once, quietly.
+
+  The interpreter's exit (``atexit`` hooks of JAX and Orbax) would otherwise print a
+  traceback for the next Ctrl-C.
+  """
+  if threading.current_thread() is not threading.main_thread():
+    return
+
+  def leave(signum, frame):
+    del frame
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + signum)
+
+  signal.signal(signal.SIGINT, leave)
+  signal.signal(signal.SIGTERM, leave)
 
 
 if __name__ == "__main__":

@@ -356,6 +356,9 @@ def print_elr(trace: dict[str, Any]) -> None:
 
 
 def run(args) -> int:
+  from stiefax.experiments.cli import check_seeds  # pylint: disable=g-import-not-at-top
+
+  check_seeds([args.seed], "--seed")
   optimizers = _subset(args.optimizers, tuple(OPTIMIZERS), "optimizer")
   actions = _subset(args.actions, ACTIONS, "action")
   problems = _subset(args.problems, PROBLEMS, "problem")
@@ -381,9 +384,11 @@ def run(args) -> int:
     out["elr"] = trace
   print(f"({time.perf_counter() - start:.1f} s)")
   if args.json:
+    from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+
+    text = json.dumps(out, indent=1, default=str)
     try:
-      with open(args.json, "w") as f:
-        json.dump(out, f, indent=1, default=str)
+      store.atomic_write(args.json, lambda f: f.write(text), binary=False)
     except OSError as e:
       raise CommandError(f"cannot write --json {args.json}: {e.strerror}") from e
   return 0

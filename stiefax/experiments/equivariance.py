@@ -19,6 +19,7 @@ from stiefax.diagnostics import equivariance_violation
 from stiefax.experiments import optim
 from stiefax.experiments.arms import ARMS
 from stiefax.experiments.cli import CommandError
+from stiefax.experiments.cli import check_seeds
 
 #: Violations below this are float64 rounding: the update is equivariant.
 EQUIVARIANT_BELOW = 1e-10
@@ -53,6 +54,7 @@ def optimizers(args: argparse.Namespace) -> list[tuple[str, optax.GradientTransf
 
 
 def run(args: argparse.Namespace) -> int:
+  check_seeds([args.seed], "--seed")
   if min(args.steps, args.rotations, args.heads, args.r) < 1:
     raise CommandError("--steps, --rotations, --heads and --r must all be >= 1")
   if args.r > args.d:

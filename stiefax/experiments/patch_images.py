@@ -5,7 +5,9 @@ Sources (``--data``):
 * the CIFAR-10 python release: ``cifar-10-python.tar.gz`` or its extracted folder
   ``cifar-10-batches-py`` (``data_batch_1..5``, ``test_batch``; pickled dicts with
   ``b"data"`` uint8 ``(N, 3072)`` and ``b"labels"``). The training pool is the
-  official order of ``data_batch_1..5``.
+  official order of ``data_batch_1..5``. The batches are unpickled by a restricted
+  unpickler that loads only dicts, lists, bytes, ints and numpy arrays: a batch that
+  names anything else is refused with a one-line error naming it, never run.
 * an image-folder copy, ``train/<class>/<image>`` and ``test/<class>/<image>``, as a
   folder or a ``.tar.gz`` of one. Decoded once with Pillow (RGB) and cached. Classes
   are numbered in sorted name order. Such copies lose the official order, so the
@@ -105,13 +107,26 @@ def cache_digest(obj) -> str:
   return hashlib.sha1(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def save_npz(path: pathlib.Path, **arrays) -> None:
-  """Writes atomically (a half-written cache file is never read back)."""
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-  with open(tmp, "wb") as f:
-    np.savez(f, **arrays)
-  os.replace(tmp, path)
+def save_npz(path: pathlib.Path, **arrays) -> bool:
+  """Writes a cache file atomically; False (and a one-line notice) if it cannot.
+
+  The cache only saves time, so a full disk or an unwritable cache folder is a notice
+  on stderr, not an error; a half-written cache file is never left or read back
+  (:func:`stiefax.experiments.store.atomic_write`).
+  """
+  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+
+  try:
+    store.atomic_write(path, lambda f: np.savez(f, **arrays))
+    return True
+  except OSError as e:
+    print(
+      f"stiefax: cannot write the cache file {path} ({e.strerror or short_error(e)});"
+      " continuing without it",
+      file=sys.stderr,
+      flush=True,
+    )
+    return False
 
 
 def load_npz(path: pathlib.Path, keys: Sequence[str]) -> Optional[dict]:
@@ -156,9 +171,45 @@ def _folder_id(path: pathlib.Path) -> dict:
   return {"path": str(path.resolve()), "listing": cache_digest(entries)}
 
 
+# What a CIFAR-10 python batch may name in its pickle: the numpy array and scalar
+# reconstructors (both numpy module layouts, the protocol-5 buffer form) and the codec
+# Python 3 uses for bytes in protocol-2 pickles. Dicts, lists, str, bytes and ints need
+# no names. Anything else (os.system, builtins.eval, ...) is refused, never called.
+_CIFAR_PICKLE_NAMES = frozenset(
+  (module, name)
+  for prefix in ("numpy.core", "numpy._core")
+  for module, name in (
+    (f"{prefix}.multiarray", "_reconstruct"),
+    (f"{prefix}.multiarray", "scalar"),
+    (f"{prefix}.numeric", "_frombuffer"),
+  )
+) | {("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
+
+
+class _CifarUnpickler(pickle.Unpickler):
+  """A ``pickle.Unpickler`` that loads only what a CIFAR-10 python batch holds."""
+
+  def find_class(self, module: str, name: str):
+    if (module, name) not in _CIFAR_PICKLE_NAMES:
+      raise pickle.UnpicklingError(
+        f"refused to load {module}.{name}: a CIFAR-10 batch holds only a dict of numpy"
+        " arrays, lists, bytes and ints"
+      )
+    return super().find_class(module, name)
+
+
+def load_cifar_pickle(raw: bytes):
+  """Unpickles a CIFAR-10 python batch with the restricted :class:`_CifarUnpickler`.
+
+  Only the numpy array reconstructors are looked up by name; a pickle that names any
+  other callable raises ``pickle.UnpicklingError`` before anything is called.
+  """
+  return _CifarUnpickler(io.BytesIO(raw), encoding="bytes").load()
+
+
 def _cifar_batch(raw: bytes, name: str, where: str) -> tuple[np.ndarray, np.ndarray]:
   try:
-    batch = pickle.loads(raw, encoding="bytes")
+    batch = load_cifar_pickle(raw)
     data = np.asarray(batch[b"data"], dtype=np.uint8)
     labels = np.asarray(batch[b"labels"], dtype=np.int64)
   except Exception as e:  # pickle errors come in many types

@@ -4,7 +4,8 @@ Reads every ``*.json`` run under DIR (recursively), groups the runs by their
 ``"experiment"`` field and hands each group to
 ``stiefax.experiments.<experiment>.report(runs, out_dir) -> str``, which returns the
 table text (printed here) and writes PNG plots into ``--plots`` (default: DIR).
-JSON files without an ``"experiment"`` field are not runs and are skipped. A run file
+JSON files without an ``"experiment"`` field are not runs and are skipped (one whose
+``"experiment"`` is not a string, with a warning). A run file
 that cannot be read, or lacks a field its report needs, is skipped with a one-line
 warning that names it; two files holding the same run (same configuration and seed)
 count once, with a warning. An experiment module may define ``check_run(run) -> str |
@@ -78,7 +79,12 @@ def load_runs(directory: pathlib.Path) -> tuple[dict, list[str]]:
       continue
     if not isinstance(run, dict) or "experiment" not in run:
       continue
-    experiment = str(run["experiment"])
+    if not isinstance(run["experiment"], str):
+      warnings.append(
+        f"skipped {path}: its field 'experiment' is {run['experiment']!r}, not a string"
+      )
+      continue
+    experiment = run["experiment"]
     module = _module(experiment)
     try:
       problem = check_run(run, module)
@@ -129,7 +135,11 @@ def _reporter(experiment: str):
 
 
 def run(args: argparse.Namespace) -> int:
+  if not str(args.dir).strip():
+    raise CommandError("DIR is empty; give a directory of JSON runs.")
   directory = pathlib.Path(args.dir)
+  if directory.exists() and not directory.is_dir():
+    raise CommandError(f"{args.dir}: is a file, not a directory; give the directory of JSON runs.")
   if not directory.is_dir():
     raise CommandError(f"{args.dir}: no such directory; give a directory of JSON runs.")
   out_dir = pathlib.Path(args.plots) if args.plots is not None else directory
@@ -137,7 +147,9 @@ def run(args: argparse.Namespace) -> int:
   for w in warnings:
     print(f"stiefax report: warning: {w}", file=sys.stderr)
   if not groups:
-    raise CommandError(f"{args.dir}: no runs found (no *.json file with an \"experiment\" field).")
+    raise CommandError(
+      f"{args.dir}: no runs found (no *.json file with a string \"experiment\" field)."
+    )
   writable_dir(out_dir, "plots:")
   sections = []
   for experiment in sorted(groups):

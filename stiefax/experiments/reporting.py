@@ -122,12 +122,16 @@ def pyplot() -> Any:
 
 
 def save_figure(fig: Any, plt: Any, out_dir: pathlib.Path, name: str) -> Optional[str]:
-  """Writes ``fig`` to ``out_dir / name`` (110 dpi) and closes it; None if it cannot."""
+  """Writes ``fig`` to ``out_dir / name`` (110 dpi) and closes it; None if it cannot.
+
+  The PNG is written atomically (:func:`stiefax.experiments.store.atomic_write`): a
+  symbolic link at ``out_dir / name`` is replaced, its target never written.
+  """
+  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+
   try:
-    out_dir = pathlib.Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / name
-    fig.savefig(path, dpi=110)
+    path = pathlib.Path(out_dir) / name
+    store.atomic_write(path, lambda f: fig.savefig(f, dpi=110, format="png"))
     return str(path)
   except OSError:
     return None

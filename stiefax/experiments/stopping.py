@@ -1,26 +1,39 @@
-"""A polite stop for long training loops: finish the step, save a checkpoint, exit.
+"""A polite stop for long training loops: finish the chunk, save a checkpoint, exit.
 
-While a :class:`StopRequest` is active, SIGINT (Ctrl-C) and SIGTERM (what ``timeout``
-and batch schedulers send) set :attr:`StopRequest.requested`; the loop checks it at
-its next evaluation, saves a checkpoint and raises ``KeyboardInterrupt``. A second
-signal stops at once. Outside the main thread, where handlers cannot be set, the
-signals keep their default behaviour.
+While a :class:`StopRequest` is active, SIGINT (Ctrl-C) and SIGTERM (what ``kill``,
+``timeout`` and batch schedulers send) set :attr:`StopRequest.requested`; the loop
+checks it at its next evaluation, saves a checkpoint and raises :class:`Stopped`. A
+second signal ends the process at once and quietly (exit status 128 + the signal):
+the run locks are released and the last checkpoint saved is kept (a save cut short
+leaves only Orbax's temporary folder, removed when the run resumes). Outside the main
+thread, where handlers cannot be set, both signals keep their default behaviour.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
 
-__all__ = ["StopRequest"]
+from stiefax.experiments import store
+
+__all__ = ["Stopped", "StopRequest"]
+
+
+class Stopped(KeyboardInterrupt):
+  """Training stopped by a signal (``signum``: SIGINT or SIGTERM), checkpointed if it could."""
+
+  def __init__(self, signum: int):
+    super().__init__(signum)
+    self.signum = signum
 
 
 class StopRequest:
   """Context manager: SIGINT/SIGTERM ask the loop to stop at its next evaluation.
 
   Args:
-    who: the command's name, for the one-line message printed on the first signal.
+    who: the command (``"stiefax grok"``), for the one-line messages.
   """
 
   SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -28,17 +41,22 @@ class StopRequest:
   def __init__(self, who: str = "stiefax"):
     self.who = who
     self.requested = False
+    self.signum = 0
     self._previous: dict = {}
 
   def _handler(self, signum, frame):
     del frame
-    if self.requested:
-      raise KeyboardInterrupt
+    if self.requested:  # stop now: quietly, without unwinding through JAX or Orbax
+      store.release_all()
+      print(f"\n{self.who}: stopped at once; the last checkpoint saved is kept", file=sys.stderr)
+      sys.stderr.flush()
+      sys.stdout.flush()
+      os._exit(128 + signum)
     self.requested = True
-    name = signal.Signals(signum).name
+    self.signum = signum
     print(
-      f"\n{self.who}: {name}: stopping at the next evaluation and saving a checkpoint"
-      " (again to stop now)",
+      f"\n{self.who}: stopping at the next evaluation and saving a checkpoint"
+      " (Ctrl-C again to stop now)",
       file=sys.stderr,
       flush=True,
     )

@@ -2,11 +2,45 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import os
 import pathlib
+import shutil
 from typing import Any
 from typing import Optional
 
-__all__ = ["Checkpoints"]
+from stiefax.experiments import store
+from stiefax.experiments.cli import CommandError
+
+__all__ = ["Checkpoints", "DamagedCheckpoint"]
+
+
+class DamagedCheckpoint(Exception):
+  """A checkpoint that cannot be used: unreadable, altered, or not a real folder."""
+
+  def __init__(self, directory: pathlib.Path, reason: str):
+    super().__init__(f"{directory}: {reason}")
+    self.directory = directory
+    self.reason = reason
+
+
+def _short(e: BaseException, limit: int = 120) -> str:
+  text = " ".join(f"{type(e).__name__}: {e}".split())
+  return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def tree_digest(tree) -> str:
+  """SHA-256 of the bytes, shapes and dtypes of the leaves of ``tree`` (in tree order)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  h = hashlib.sha256()
+  for leaf in jax.tree.leaves(jax.device_get(tree)):
+    a = np.ascontiguousarray(leaf)
+    h.update(f"{a.dtype.str}{a.shape}".encode())
+    h.update(a.tobytes())
+  return h.hexdigest()
 
 
 class Checkpoints:
@@ -14,21 +48,31 @@ class Checkpoints:
 
   One checkpoint (the latest) is kept in ``directory``: the parameters and optimizer
   state (``state``, an Orbax ``StandardSave`` of the arrays), and as JSON (``meta``) the
-  epoch reached, the evaluation history so far, the wall time spent and the seed. The
-  training loop draws no random numbers after initialization (full batch, no dropout),
-  so the seed is all the random state there is. Orbax writes each checkpoint to a
-  temporary folder and renames it when complete: a process killed while saving leaves
-  the previous checkpoint.
+  epoch reached, the evaluation history so far, the wall time spent, the seed and the
+  SHA-256 of the arrays (``digest``). The training loop draws no random numbers after
+  initialization (full batch, no dropout), so the seed is all the random state there
+  is. Orbax writes each checkpoint to a temporary folder and renames it when complete:
+  a process killed while saving leaves the previous checkpoint.
+
+  The path is never resolved: a ``directory`` that is a symbolic link or a file, or a
+  checkpoint that cannot be read back whole (truncated, altered: its digest differs),
+  raises :class:`DamagedCheckpoint`, and the command moves it aside
+  (:meth:`move_aside`) and trains the run afresh. :meth:`remove` deletes only a real
+  folder, never a link's target.
   """
 
   def __init__(self, directory: pathlib.Path):
-    self.directory = pathlib.Path(directory).resolve()
+    self.directory = pathlib.Path(os.path.abspath(directory))  # absolute, links kept
     self._manager = None
 
   def _open(self):
+    problem = store.not_a_folder(self.directory)
+    if problem is not None:
+      raise DamagedCheckpoint(self.directory, problem)
     if self._manager is None:
       import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
+      self._remove_partial()  # a save cut short (the run's lock is held: nobody saves)
       options = ocp.CheckpointManagerOptions(
         max_to_keep=1, create=True, enable_async_checkpointing=False
       )
@@ -38,47 +82,96 @@ class Checkpoints:
     return self._manager
 
   def latest_epoch(self) -> Optional[int]:
-    if not self.directory.is_dir():
+    """The epoch of the checkpoint kept (None: none); ``DamagedCheckpoint`` if unusable."""
+    if not os.path.lexists(self.directory):
       return None
-    return self._open().latest_step()
+    try:
+      return self._open().latest_step()
+    except DamagedCheckpoint:
+      raise
+    except Exception as e:  # Orbax raises many types for a damaged folder
+      self.close()
+      raise DamagedCheckpoint(self.directory, _short(e)) from None
 
   def save(self, epoch: int, params, opt_state, meta: dict) -> None:
+    """Saves a checkpoint; a failure (a full disk) is one ``CommandError`` line.
+
+    A failed save leaves no temporary folder behind, and the previous checkpoint.
+    """
     import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
-    self._open().save(
-      epoch,
-      args=ocp.args.Composite(
-        state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
-        meta=ocp.args.JsonSave(meta),
-      ),
-      force=True,
-    )
+    state = {"params": params, "opt_state": opt_state}
+    try:
+      self._open().save(
+        epoch,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state),
+          meta=ocp.args.JsonSave({**meta, "digest": tree_digest(state)}),
+        ),
+        force=True,
+      )
+    except DamagedCheckpoint as e:
+      raise CommandError(f"cannot save a checkpoint in {e}.") from None
+    except Exception as e:  # an OSError, or Orbax's wrapping of one
+      self.close()
+      self._remove_partial()
+      cause: BaseException = e
+      while cause.__cause__ is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__
+      reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else _short(e)
+      raise CommandError(f"cannot save a checkpoint in {self.directory} ({reason}).") from None
+
+  def _remove_partial(self) -> None:
+    """Removes Orbax's temporary folders of a save that failed (nothing else)."""
+    if store.not_a_folder(self.directory) is not None or not self.directory.is_dir():
+      return
+    for entry in self.directory.iterdir():
+      if "orbax-checkpoint-tmp" in entry.name and not entry.is_symlink():
+        with contextlib.suppress(OSError):
+          shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
 
   def restore(self, epoch: int, params, opt_state) -> tuple[Any, Any, dict]:
     """``(params, opt_state, meta)`` saved at ``epoch``; ``params``, ``opt_state``
-    give the tree structure, shapes and dtypes."""
+    give the tree structure, shapes and dtypes. ``DamagedCheckpoint`` if it cannot be
+    read back whole or its arrays differ from the digest saved with them."""
     import jax  # pylint: disable=g-import-not-at-top
     import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
     target = {"params": params, "opt_state": opt_state}
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
-    got = self._open().restore(
-      epoch,
-      args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
-      ),
-    )
-    # Orbax returns optax's named tuples as plain tuples: rebuild the original tree.
-    state = jax.tree.unflatten(jax.tree.structure(target), jax.tree.leaves(got["state"]))
-    return state["params"], state["opt_state"], dict(got["meta"])
+    try:
+      abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+      got = self._open().restore(
+        epoch,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+        ),
+      )
+      # Orbax returns optax's named tuples as plain tuples: rebuild the original tree.
+      state = jax.tree.unflatten(jax.tree.structure(target), jax.tree.leaves(got["state"]))
+      meta = dict(got["meta"])
+    except DamagedCheckpoint:
+      raise
+    except Exception as e:  # Orbax raises many types for a damaged checkpoint
+      self.close()
+      raise DamagedCheckpoint(self.directory, _short(e)) from None
+    saved = meta.pop("digest", None)  # checkpoints of earlier versions have none
+    if saved is not None and saved != tree_digest(state):
+      self.close()
+      raise DamagedCheckpoint(self.directory, "its arrays differ from the digest saved with them")
+    return state["params"], state["opt_state"], meta
 
   def close(self) -> None:
     if self._manager is not None:
-      self._manager.close()
+      with contextlib.suppress(Exception):
+        self._manager.close()
       self._manager = None
 
-  def remove(self) -> None:
-    import shutil  # pylint: disable=g-import-not-at-top
-
+  def move_aside(self) -> pathlib.Path:
+    """Renames the checkpoint folder (or the link there) to ``<name>.damaged-...``."""
     self.close()
-    shutil.rmtree(self.directory, ignore_errors=True)
+    return store.move_aside(self.directory, "damaged")
+
+  def remove(self) -> None:
+    """Deletes the checkpoint folder; a symbolic link or a file there is an ``OSError``."""
+    self.close()
+    store.remove_folder(self.directory)

@@ -9,7 +9,9 @@ its checkpoint (``<run>.ckpt``) if there is one, and written atomically
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import os
 import pathlib
 import sys
 import time
@@ -20,8 +22,11 @@ from typing import Sequence
 from stiefax.experiments import arms as arms_lib
 from stiefax.experiments import store
 from stiefax.experiments.cli import CommandError
+from stiefax.experiments.cli import check_seeds
+from stiefax.experiments.cli import os_error
 from stiefax.experiments.cli import writable_dir
 from stiefax.experiments.grok.checkpoints import Checkpoints
+from stiefax.experiments.grok.checkpoints import DamagedCheckpoint
 from stiefax.experiments.grok.config import ARMS
 from stiefax.experiments.grok.config import PRESETS
 from stiefax.experiments.grok.config import STABILIZED
@@ -113,8 +118,7 @@ def _parse_seeds(text: Optional[str], default: Sequence[int]) -> list[int]:
     raise CommandError(
       f"--seeds {text!r} must be comma-separated integers, e.g. --seeds 0,1,2."
     ) from None
-  if any(s < 0 for s in seeds):
-    raise CommandError(f"--seeds {text!r}: seeds must be non-negative integers.")
+  check_seeds(seeds, "--seeds")
   return list(dict.fromkeys(seeds))
 
 
@@ -139,10 +143,29 @@ def resolve_config(args: argparse.Namespace) -> tuple[GrokConfig, list[str], lis
       f"--epochs {config.epochs} is not a multiple of --eval-every {config.eval_every};"
       " every evaluation window must have the same length (one compiled program)."
     )
+  _check_optimizer(config)
   every = getattr(args, "checkpoint_every", None)
   if every is not None and every < 0:
     raise CommandError(f"--checkpoint-every {every} must be >= 0 (0: only on Ctrl-C).")
   return config, _parse_arms(args.arms, preset["arms"]), _parse_seeds(args.seeds, preset["seeds"])
+
+
+def _check_optimizer(config: GrokConfig) -> None:
+  """The optimizer settings in the optimizers' own ranges (``CommandError`` if not)."""
+  from stiefax import _routing  # pylint: disable=g-import-not-at-top
+
+  for arg, field in (
+    ("learning_rate", "learning_rate"),
+    ("learning_rate", "riemannian_lr"),
+    ("weight_decay", "weight_decay"),
+    ("b1", "b1"),
+    ("b2", "b2"),
+    ("eps", "riemannian_eps"),
+    ("max_norm", "tau"),
+  ):
+    problem = _routing.hyperparam_problem(arg, getattr(config, field))
+    if problem is not None:
+      raise CommandError(f"the setting {field} {problem}.")
 
 
 def checkpoint_interval(config: GrokConfig, every: Optional[int]) -> int:
@@ -187,6 +210,41 @@ class _Job:
   def lock_path(self) -> pathlib.Path:
     return self.path.with_suffix(".lock")
 
+  @property
+  def ckpt_path(self) -> pathlib.Path:
+    return self.path.with_suffix(".ckpt")
+
+
+def _set_aside(ckpt: Checkpoints, damage: DamagedCheckpoint) -> None:
+  """Moves a damaged checkpoint (or a link at its path) aside, with one line saying so."""
+  aside = ckpt.move_aside()
+  print(
+    f"stiefax grok: checkpoint {ckpt.directory} is unusable ({damage.reason}); moved it to"
+    f" {aside.name} and training the run from the start",
+    file=sys.stderr,
+    flush=True,
+  )
+
+
+def _checkpoint_epoch(job: _Job) -> Optional[int]:
+  """The epoch of ``job``'s checkpoint (None: none, or damaged and moved aside)."""
+  ckpt = Checkpoints(job.ckpt_path)
+  try:
+    return ckpt.latest_epoch()
+  except DamagedCheckpoint as e:
+    _set_aside(ckpt, e)
+    return None
+  finally:
+    ckpt.close()
+
+
+def _remove_checkpoint(job: _Job) -> None:
+  """Removes a finished run's checkpoint folder; a link there is left, with a warning."""
+  try:
+    Checkpoints(job.ckpt_path).remove()
+  except OSError as e:
+    print(f"stiefax grok: warning: {os_error(e)}", file=sys.stderr, flush=True)
+
 
 def run(args: argparse.Namespace) -> int:
   config, arms, seeds = resolve_config(args)
@@ -221,9 +279,21 @@ def run(args: argparse.Namespace) -> int:
     if done:
       print(f"  {job.arm} seed {job.seed}: finished already ({job.path.name})", flush=True)
       records[key] = done
+      if os.path.lexists(job.ckpt_path):  # left by a process ended between the two
+        leftover = store.RunLock(job.lock_path)
+        with contextlib.suppress(OSError):
+          if leftover.acquire():  # nobody trains it: the training state is not needed
+            try:
+              _remove_checkpoint(job)
+            finally:
+              leftover.release()
       return False
     lock = store.RunLock(job.lock_path)
-    if not lock.acquire():
+    try:
+      acquired = lock.acquire()
+    except OSError as e:
+      raise CommandError(f"cannot lock the run: {os_error(e)}.") from None
+    if not acquired:
       if key not in waiting:
         print(
           f"  {job.arm} seed {job.seed}: being trained by {lock.held_by()}; waiting for it",
@@ -234,23 +304,27 @@ def run(args: argparse.Namespace) -> int:
     locks.append(lock)
     done = _finished(job.path, job.identity, job.seed, repair=True)  # finished meanwhile?
     if done:
-      if job.path.with_suffix(".ckpt").exists():  # left by a process ended just after
-        Checkpoints(job.path.with_suffix(".ckpt")).remove()
+      if os.path.lexists(job.ckpt_path):  # left by a process ended just after
+        _remove_checkpoint(job)
       records[key] = done
       return False
     return True
 
   def train_batch(batch: list) -> None:
     """Trains ``batch`` (jobs of one arm, checkpointed at the same epoch), writes them."""
-    checkpoints = [Checkpoints(job.path.with_suffix(".ckpt")) for job in batch]
-    results = train_seeds(
-      config,
-      batch[0].arm,
-      [job.seed for job in batch],
-      checkpoints=checkpoints,
-      checkpoint_every=every,
-      vmap=vmap,
-    )
+    checkpoints = [Checkpoints(job.ckpt_path) for job in batch]
+    try:
+      results = train_seeds(
+        config,
+        batch[0].arm,
+        [job.seed for job in batch],
+        checkpoints=checkpoints,
+        checkpoint_every=every,
+        vmap=vmap,
+      )
+    finally:
+      for c in checkpoints:
+        c.close()
     for job, record, ckpt in zip(batch, results, checkpoints):
       record["config"].update(preset=args.preset, stabilize=bool(args.stabilize), setting=setting)
       record["run_id"] = store.digest(job.identity)
@@ -260,8 +334,23 @@ def run(args: argparse.Namespace) -> int:
         store.write_json(job.path, record)
       except OSError as e:
         raise CommandError(f"cannot write {job.path} ({e.strerror or e}).") from None
-      ckpt.remove()  # the result is written: the training state is not needed
+      ckpt.close()
+      _remove_checkpoint(job)  # the result is written: the training state is not needed
       records[(job.arm, job.seed)] = record
+
+  def train_claimed(claimed: list) -> None:
+    """Trains ``claimed`` in batches of seeds checkpointed at the same epoch."""
+    by_epoch: dict = {}
+    for job in claimed:
+      at = _checkpoint_epoch(job)
+      by_epoch.setdefault(-1 if at is None else at, []).append(job)
+    for batch in by_epoch.values():
+      try:
+        train_batch(batch)
+      except DamagedCheckpoint as e:  # unreadable when restored: aside, then again
+        damaged = next(j for j in batch if Checkpoints(j.ckpt_path).directory == e.directory)
+        _set_aside(Checkpoints(damaged.ckpt_path), e)
+        train_claimed(batch)
 
   while len(records) < len(jobs):
     before = len(records)
@@ -271,14 +360,7 @@ def run(args: argparse.Namespace) -> int:
         locks: list = []
         try:
           claimed = [job for job in candidates if claim(job, locks)]
-          by_epoch: dict = {}  # seeds checkpointed at the same epoch train together
-          for job in claimed:
-            probe = Checkpoints(job.path.with_suffix(".ckpt"))
-            at = probe.latest_epoch()
-            probe.close()
-            by_epoch.setdefault(-1 if at is None else at, []).append(job)
-          for batch in by_epoch.values():
-            train_batch(batch)
+          train_claimed(claimed)
         finally:
           for lock in locks:
             lock.release()

@@ -34,6 +34,8 @@ from stiefax.experiments.grok.config import ARMS
 from stiefax.experiments.grok.config import GrokConfig
 from stiefax.experiments.grok.config import arm_definition
 from stiefax.experiments.grok.config import run_metrics
+from stiefax.experiments.stopping import Stopped
+from stiefax.experiments.stopping import StopRequest
 
 __all__ = [
   "make_data",
@@ -312,45 +314,6 @@ def probe_program(config: GrokConfig, arm: Arm, vmapped: bool = False):
   return jax.jit(jax.vmap(probe) if vmapped else probe)
 
 
-class _StopRequest:
-  """While active, SIGINT asks the training loop to stop at the next evaluation.
-
-  A second SIGINT stops at once (``KeyboardInterrupt``). Outside the main thread, where
-  signal handlers cannot be set, SIGINT keeps its default behaviour.
-  """
-
-  def __init__(self):
-    self.requested = False
-    self._previous = None
-
-  def _handler(self, signum, frame):
-    del frame
-    if self.requested:
-      raise KeyboardInterrupt
-    self.requested = True
-    print(
-      "\nstiefax grok: stopping at the next evaluation and saving a checkpoint"
-      " (Ctrl-C again to stop now)",
-      file=sys.stderr,
-      flush=True,
-    )
-
-  def __enter__(self):
-    import signal  # pylint: disable=g-import-not-at-top
-    import threading  # pylint: disable=g-import-not-at-top
-
-    if threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGINT, self._handler)
-    return self
-
-  def __exit__(self, *exc):
-    import signal  # pylint: disable=g-import-not-at-top
-
-    if self._previous is not None:
-      signal.signal(signal.SIGINT, self._previous)
-      self._previous = None
-
-
 def train(
   config: GrokConfig,
   arm_name: str,
@@ -363,8 +326,10 @@ def train(
   """Trains one arm from one seed; returns the run record (the JSON schema).
 
   With ``checkpoints``, a run starts from the latest checkpoint there if there is one,
-  saves one every ``checkpoint_every`` epochs (0: never) and, on SIGINT, saves one at
-  the next evaluation and raises ``KeyboardInterrupt``. The arithmetic of a resumed run
+  saves one every ``checkpoint_every`` epochs (0: never) and, on SIGINT or SIGTERM,
+  saves one at the next evaluation and raises :class:`Stopped` (a
+  ``KeyboardInterrupt``). A damaged checkpoint raises
+  :class:`~stiefax.experiments.grok.checkpoints.DamagedCheckpoint`. The arithmetic of a resumed run
   is that of the uninterrupted run: the same compiled programs on the same arrays.
   """
   return train_seeds(
@@ -498,7 +463,7 @@ def train_seeds(
   bar = progress_bar(
     config.epochs, desc=desc, unit="epoch", enabled=progress, initial=epoch, leave=True
   )
-  with _StopRequest() as stop:
+  with StopRequest("stiefax grok") as stop:
     while epoch < config.epochs:
       params, opt_state, ev = train_chunk(params, opt_state, data)
       epoch += config.eval_every
@@ -524,7 +489,7 @@ def train_seeds(
           file=sys.stderr,
           flush=True,
         )
-        raise KeyboardInterrupt
+        raise Stopped(stop.signum)
   bar.close()
   for c in ckpts:
     c.close()

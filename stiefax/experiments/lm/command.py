@@ -23,6 +23,7 @@ from stiefax.experiments import store
 from stiefax.experiments.cli import CommandError
 from stiefax.experiments.cli import writable_dir
 from stiefax.experiments.grok.checkpoints import Checkpoints
+from stiefax.experiments.grok.checkpoints import DamagedCheckpoint
 from stiefax.experiments.lm import data as data_lib
 from stiefax.experiments.lm import runs as runs_lib
 from stiefax.experiments.lm.config import ARMS
@@ -242,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
           done = _train(job, training, every, out, progress=not args.no_progress)
         records[job.path.name] = done
         if job.ckpt_path.is_dir() and not job.ckpt_path.is_symlink():
-          Checkpoints(job.ckpt_path).remove()
+          Checkpoints(job.ckpt_path).remove()  # the result is written
       finally:
         lock.release()
     if len(records) < len(jobs) and len(records) == before:
@@ -257,15 +258,29 @@ def run(args: argparse.Namespace) -> int:
 def _train(job: Job, training, every: int, out: pathlib.Path, progress: bool) -> dict:
   arm = ARMS[job.arm]
   desc = f"{job.arm} lr={job.config.adamw_lr:g} seed {job.seed}"
-  result = training.train(
-    arm,
-    job.config,
-    job.seed,
-    progress=progress,
-    checkpoints=Checkpoints(job.ckpt_path),
-    checkpoint_every=every,
-    desc=desc,
-  )
+  for attempt in (0, 1):
+    ckpt = Checkpoints(job.ckpt_path)
+    try:
+      result = training.train(
+        arm,
+        job.config,
+        job.seed,
+        progress=progress,
+        checkpoints=ckpt,
+        checkpoint_every=every,
+        desc=desc,
+      )
+      break
+    except DamagedCheckpoint as e:
+      if attempt:
+        raise CommandError(f"checkpoint {ckpt.directory}: {e.reason}") from None
+      aside = ckpt.move_aside()
+      print(
+        f"stiefax lm: checkpoint {ckpt.directory} is unusable ({e.reason}); moved it to"
+        f" {aside.name} and training the run from the start",
+        file=sys.stderr,
+        flush=True,
+      )
   import jax  # pylint: disable=g-import-not-at-top
 
   record = {

@@ -33,6 +33,7 @@ from stiefax.experiments.lm.config import LMConfig
 from stiefax.experiments.lm.config import frame_rate
 from stiefax.experiments.lm.config import make_optimizer
 from stiefax.experiments.lm.config import schedule
+from stiefax.experiments.stopping import Stopped
 from stiefax.experiments.stopping import StopRequest
 
 __all__ = ["Programs", "programs", "init_params", "train", "BITS"]
@@ -189,7 +190,9 @@ def train(
 
   ``checkpoints``: a :class:`~stiefax.experiments.grok.checkpoints.Checkpoints` to
   resume from and save to (every ``checkpoint_every`` steps, a multiple of
-  ``eval_every``; 0: only on a stop request).
+  ``eval_every``; 0: only on a stop request). A stop request raises
+  :class:`~stiefax.experiments.stopping.Stopped` after saving; a damaged checkpoint
+  raises :class:`~stiefax.experiments.grok.checkpoints.DamagedCheckpoint`.
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -279,7 +282,7 @@ def train(
           file=sys.stderr,
           flush=True,
         )
-        raise KeyboardInterrupt
+        raise Stopped(stop.signum)
   bar.close()
   if checkpoints is not None:
     checkpoints.close()

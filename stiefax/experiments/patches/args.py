@@ -188,6 +188,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _positive(value, flag: str, allow_zero: bool = False) -> None:
   if value is None:
     return
+  if not math.isfinite(value):
+    raise CommandError(f"{flag} must be a finite number, got {value}")
   if value < 0 or (value == 0 and not allow_zero):
     raise CommandError(f"{flag} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
 
@@ -220,6 +222,19 @@ def validate(args: argparse.Namespace) -> None:
     _positive(getattr(args, flag), "--" + flag.replace("_", "-"), allow_zero=True)
   _positive(args.max_norm, "--max-norm")
   _positive(args.whiten_eps, "--whiten-eps")  # Lambda + eps must be invertible
+  from stiefax import _routing  # pylint: disable=g-import-not-at-top
+
+  # The optimizers' own ranges (what they would raise when built), checked before any data
+  # is read or run trained.
+  for flag, arg, value in (
+    ("--eps", "eps", args.eps),
+    ("--max-norm", "max_norm", args.max_norm),
+    ("--adamw-lr", "learning_rate", args.adamw_lr),
+    ("--weight-decay", "weight_decay", args.weight_decay),
+  ):
+    problem = _routing.hyperparam_problem(arg, value)
+    if problem is not None:
+      raise CommandError(f"{flag} {problem}")
   import stiefax  # pylint: disable=g-import-not-at-top
 
   if args.polar not in stiefax.POLAR_METHODS:

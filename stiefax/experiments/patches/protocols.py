@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import pathlib
 import sys
 import time
@@ -26,6 +27,8 @@ from stiefax.experiments import patch_data
 from stiefax.experiments import store
 from stiefax.experiments.arms import Arm
 from stiefax.experiments.cli import CommandError
+from stiefax.experiments.cli import check_seeds
+from stiefax.experiments.cli import os_error
 from stiefax.experiments.cli import writable_dir
 from stiefax.experiments.patches import args as args_lib
 from stiefax.experiments.patches import runs
@@ -191,11 +194,11 @@ def _execute(
     def waiting(_holder: dict, held=held) -> None:
       held("waiting for it")
 
-    if ctx.defer_held and not lock.acquire():
+    if ctx.defer_held and not _acquire(lock):
       held("coming back to it after the other runs")
       ctx.deferred.append(path.name)
       continue
-    with store.claim(lock, on_wait=waiting):
+    with _claim(lock, waiting):
       done = _finished(ctx, path, cfg)  # finished by another process meanwhile?
       if done is not None:
         ctx.done[path.name] = done
@@ -234,9 +237,23 @@ def _execute(
   return results
 
 
+def _acquire(lock: store.RunLock) -> bool:
+  try:
+    return lock.acquire()
+  except OSError as e:
+    raise CommandError(f"cannot lock the run: {os_error(e)}.") from None
+
+
+def _claim(lock: store.RunLock, waiting) -> store.RunLock:
+  try:
+    return store.claim(lock, on_wait=waiting)
+  except OSError as e:
+    raise CommandError(f"cannot lock the run: {os_error(e)}.") from None
+
+
 def _write(path: pathlib.Path, rec: dict) -> None:
   """Writes a run; a file already there (``--force``, or damaged) is moved aside first."""
-  if path.exists():
+  if os.path.lexists(path):
     aside = store.move_aside(path, "replaced")
     print(f"stiefax patches: moved the earlier {path.name} to {aside.name}", file=sys.stderr)
   try:
@@ -375,27 +392,38 @@ PROTOCOL_FNS: dict[str, Any] = {
 }
 
 
+def _cache_dir(args: argparse.Namespace) -> Optional[pathlib.Path]:
+  """The cache folder (None: no cache). ``--cache`` must be writable (``CommandError``);
+  the default one, when it is not, is left out with a notice."""
+  if args.no_cache:
+    return None
+  if args.cache is not None:
+    return writable_dir(pathlib.Path(args.cache).expanduser() if args.cache else "", "--cache")
+  cache = patch_data.default_cache_dir()
+  try:
+    return writable_dir(cache, "the cache folder")
+  except CommandError as e:
+    print(f"stiefax patches: {e} Continuing without a cache.", file=sys.stderr, flush=True)
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
   """``stiefax patches``: trains what ``args`` ask for, prints the report."""
   from stiefax.experiments.patches import tables  # pylint: disable=g-import-not-at-top
 
   args_lib.validate(args)
   arms = select_arms(args)
-  seeds = args_lib.ints(args.seeds, "--seeds")
-  if any(s < 0 for s in seeds):
-    raise CommandError(f"--seeds must be >= 0, got {args.seeds!r}")
-  cache = (
-    None
-    if args.no_cache
-    else pathlib.Path(args.cache).expanduser()
-    if args.cache
-    else patch_data.default_cache_dir()
-  )
+  seeds = check_seeds(args_lib.ints(args.seeds, "--seeds"), "--seeds")
+  check_seeds(args_lib.ints(args.select_seeds, "--select-seeds"), "--select-seeds")
+  check_seeds([args.order_seed], "--order-seed")
+  out_path = pathlib.Path(args.out).expanduser() if str(args.out).strip() else ""
+  writable_dir(out_path, "--out")  # fail before reading data or training
+  cache = _cache_dir(args)
   progress = not args.no_progress
   images = patch_data.load_images(
     args.data, order_seed=args.order_seed, cache_dir=cache, progress=progress
   )
-  out = writable_dir(pathlib.Path(args.out).expanduser(), "--out")  # fail before training
+  out = writable_dir(out_path, "--out")
   ctx = Context(args, images, out, cache, progress, defaults(args))
   t0 = time.perf_counter()
   protocol = PROTOCOL_FNS[args.protocol]
