@@ -199,3 +199,39 @@ def test_bad_settings_are_one_line_errors(tmp_path, capsys, extra, message):
   assert cli.main(argv) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and message in err[0], err
+
+
+def test_best_rate_needs_the_whole_sweep_and_ignores_later_seeds(tmp_path):
+  from stiefax.experiments.cli import CommandError
+  from stiefax.experiments.lm import command
+  from stiefax.experiments.lm import runs as lm_runs
+  from stiefax.experiments.store import write_json
+
+  config = lm_config.PRESETS["sweep"]
+  facts = data.load().facts
+  arm = arms.ARMS["B2"]
+
+  def write(lr, seed, val):
+    c = dataclasses.replace(config, adamw_lr=lr)
+    cfg = lm_runs.run_config(arm, c, facts, "sweep")
+    rec = {
+      "experiment": "lm",
+      "arm": "B2",
+      "seed": seed,
+      "config": cfg,
+      "metrics": {"val_bpb": val, "test_bpb": val, "init_val_bpb": 11.0, "diverged": False},
+    }
+    write_json(tmp_path / lm_runs.run_name("B2", cfg, seed), rec)
+
+  losses = dict(zip(lm_config.SWEEP_RATES, (3.0, 2.6, 2.4, 2.45, 2.7, 3.5, 4.0)))
+  for lr, val in list(losses.items())[:-1]:
+    for s in (0, 1):
+      write(lr, s, val)
+  with pytest.raises(CommandError, match="not finished"):
+    command.best_rate(tmp_path, "B2", config, facts, "sweep")
+  for s in (0, 1):
+    write(0.3, s, 4.0)
+  assert command.best_rate(tmp_path, "B2", config, facts, "sweep") == 3e-3
+  for s in range(2, 6):  # the best-rate seeds of another rate never move the choice
+    write(1e-2, s, 1.0)
+  assert command.best_rate(tmp_path, "B2", config, facts, "sweep") == 3e-3
