@@ -120,3 +120,22 @@ def test_command_help_describes_the_experiment(command, text, capsys):
   assert exit_info.value.code == 0
   out = capsys.readouterr().out
   assert text in out and "--arms" in out
+
+
+def test_report_sets_a_rerun_against_its_first_run(capsys, tmp_path):
+  import json
+  import shutil
+
+  src = sorted((pathlib.Path(__file__).parent.parent / "results/patches/main").glob("run-A2-*"))
+  first = src[0]
+  (tmp_path / "main").mkdir()
+  (tmp_path / "rerun").mkdir()  # sorted after main: the second copy
+  shutil.copy(first, tmp_path / "main" / first.name)
+  rec = json.loads(first.read_text())
+  rec["metrics"]["test_acc"] += 0.002
+  (tmp_path / "rerun" / first.name).write_text(json.dumps(rec))
+  assert cli.main(["report", str(tmp_path)]) == 0
+  out = capsys.readouterr().out
+  line = next(x for x in out.splitlines() if x.startswith("patches ") and first.name in x)
+  assert "A2" in line and "+0.2" in line
+  assert "largest |Δ| 0.2" in out

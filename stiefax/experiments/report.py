@@ -22,6 +22,7 @@ import argparse
 import importlib
 import pathlib
 import sys
+from typing import Optional
 
 from stiefax.experiments.cli import CommandError
 from stiefax.experiments.cli import writable_dir
@@ -62,10 +63,13 @@ def run_key(run: dict, module=None):
   return (run["arm"], store.digest(run["config"]), run["seed"])
 
 
-def load_runs(directory: pathlib.Path) -> tuple[dict, list[str]]:
+def load_runs(directory: pathlib.Path, reruns: Optional[list] = None) -> tuple[dict, list[str]]:
   """``({experiment: [run, ...]}, [warning, ...])`` for the JSON runs under ``directory``.
 
-  Runs that cannot be reported, and second copies of a run, are left out with a warning.
+  Runs that cannot be reported are left out with a warning. A second copy of a run (the
+  same configuration and seed, e.g. trained again on a later commit) is left out too:
+  with a warning, or, when ``reruns`` is a list, appended to it as
+  ``(first run, second copy, path of the copy)``.
   """
   from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
 
@@ -95,9 +99,12 @@ def load_runs(directory: pathlib.Path) -> tuple[dict, list[str]]:
       warnings.append(f"skipped {path}: {problem}")
       continue
     if key in seen:
-      warnings.append(f"skipped {path}: the same run (configuration and seed) as {seen[key]}")
+      if reruns is not None:
+        reruns.append((seen[key][1], run, path))
+      else:
+        warnings.append(f"skipped {path}: the same run (configuration and seed) as {seen[key][0]}")
       continue
-    seen[key] = path
+    seen[key] = (path, run)
     groups.setdefault(experiment, []).append(run)
   return groups, warnings
 
@@ -143,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
   if not directory.is_dir():
     raise CommandError(f"{args.dir}: no such directory; give a directory of JSON runs.")
   out_dir = pathlib.Path(args.plots) if args.plots is not None else directory
-  groups, warnings = load_runs(directory)
+  reruns: list = []
+  groups, warnings = load_runs(directory, reruns)
   for w in warnings:
     print(f"stiefax report: warning: {w}", file=sys.stderr)
   if not groups:
@@ -159,5 +167,57 @@ def run(args: argparse.Namespace) -> int:
       sections.append(f"{experiment}: {len(runs)} run(s); no report for this experiment.")
       continue
     sections.append(fn(runs, out_dir))
+  if reruns:
+    sections.append(rerun_table(reruns))
   print("\n\n".join(sections))
   return 0
+
+
+#: The headline metric of a run, for :func:`rerun_table`: (metric, scale, unit).
+_HEADLINES = (("test_acc", 100.0, "pp"), ("test_bpb", 1.0, "bits/byte"))
+
+
+def rerun_table(reruns: list) -> str:
+  """The runs found twice (same configuration and seed) and how far apart they ended.
+
+  Two trainings of one configuration differ only by floating-point rounding (another
+  commit's compiled program, another XLA thread count or machine): this is the noise a
+  run trained on a later commit adds when it is paired with an earlier one.
+  """
+  from stiefax.experiments.reporting import table  # pylint: disable=g-import-not-at-top
+
+  rows, diffs = [], []
+  for first, again, path in reruns:
+    for metric, scale, unit in _HEADLINES:
+      a, b = first["metrics"].get(metric), again["metrics"].get(metric)
+      if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        d = scale * (b - a)
+        diffs.append(abs(d))
+        commits = [str((r.get("code") or {}).get("commit") or "?")[:7] for r in (first, again)]
+        rows.append(
+          [
+            str(first.get("experiment")),
+            str(first["arm"]),
+            str(first["seed"]),
+            f"{metric} ({unit})",
+            f"{scale * a:.4g}",
+            f"{scale * b:.4g}",
+            f"{d:+.3g}",
+            " -> ".join(commits),
+            path.name,
+          ]
+        )
+        break
+  if not rows:
+    return f"reruns: {len(reruns)} second copies, no common headline metric"
+  return "\n".join(
+    [
+      "reruns: runs found twice (same configuration and seed); the difference is rounding",
+      table(
+        ["experiment", "arm", "seed", "metric", "first", "again", "Δ", "commits", "file"],
+        rows,
+      ),
+      f"  largest |Δ| {max(diffs):.3g}, mean |Δ| {sum(diffs) / len(diffs):.3g} over"
+      f" {len(diffs)} rerun(s)",
+    ]
+  )
