@@ -235,3 +235,23 @@ def test_best_rate_needs_the_whole_sweep_and_ignores_later_seeds(tmp_path):
   for s in range(2, 6):  # the best-rate seeds of another rate never move the choice
     write(1e-2, s, 1.0)
   assert command.best_rate(tmp_path, "B2", config, facts, "sweep") == 3e-3
+
+
+@pytest.mark.slow
+def test_a_damaged_checkpoint_is_set_aside_and_the_run_trains(tmp_path, capsys):
+  out = tmp_path / "lm"
+  argv = ["lm", "--arms", "A2", "--steps", "50", "--out", str(out), "--no-progress"]
+  assert cli.main(argv) == 0
+  (result,) = out.glob("*.json")
+  first = json.loads(result.read_text())
+  result.unlink()
+  ckpt = result.with_suffix(".ckpt")
+  (ckpt / "0").mkdir(parents=True)
+  (ckpt / "0" / "garbage").write_bytes(b"\x00not an orbax checkpoint")
+  capsys.readouterr()
+  assert cli.main(argv) == 0
+  err = capsys.readouterr().err
+  assert "is unusable" in err and "training the run from the start" in err
+  assert len(list(out.glob("*.ckpt.damaged-*"))) == 1 and not ckpt.exists()
+  again = json.loads(result.read_text())
+  assert again["metrics"]["test_bpb"] == first["metrics"]["test_bpb"]

@@ -13,7 +13,7 @@ from typing import Optional
 from stiefax.experiments import store
 from stiefax.experiments.cli import CommandError
 
-__all__ = ["Checkpoints", "DamagedCheckpoint"]
+__all__ = ["Checkpoints", "DamagedCheckpoint", "set_aside"]
 
 
 class DamagedCheckpoint(Exception):
@@ -175,3 +175,19 @@ class Checkpoints:
     """Deletes the checkpoint folder; a symbolic link or a file there is an ``OSError``."""
     self.close()
     store.remove_folder(self.directory)
+
+
+def set_aside(ckpt: Checkpoints, damage: DamagedCheckpoint, who: str) -> None:
+  """Moves a damaged checkpoint (or a link at its path) aside, with one line saying so.
+
+  ``who``: the command (``"stiefax grok"``) that prints the line.
+  """
+  import sys  # pylint: disable=g-import-not-at-top
+
+  aside = ckpt.move_aside()
+  print(
+    f"{who}: checkpoint {ckpt.directory} is unusable ({damage.reason}); moved it to"
+    f" {aside.name} and training the run from the start",
+    file=sys.stderr,
+    flush=True,
+  )

@@ -27,6 +27,7 @@ from stiefax.experiments.cli import os_error
 from stiefax.experiments.cli import writable_dir
 from stiefax.experiments.grok.checkpoints import Checkpoints
 from stiefax.experiments.grok.checkpoints import DamagedCheckpoint
+from stiefax.experiments.grok.checkpoints import set_aside
 from stiefax.experiments.grok.config import ARMS
 from stiefax.experiments.grok.config import PRESETS
 from stiefax.experiments.grok.config import STABILIZED
@@ -215,24 +216,13 @@ class _Job:
     return self.path.with_suffix(".ckpt")
 
 
-def _set_aside(ckpt: Checkpoints, damage: DamagedCheckpoint) -> None:
-  """Moves a damaged checkpoint (or a link at its path) aside, with one line saying so."""
-  aside = ckpt.move_aside()
-  print(
-    f"stiefax grok: checkpoint {ckpt.directory} is unusable ({damage.reason}); moved it to"
-    f" {aside.name} and training the run from the start",
-    file=sys.stderr,
-    flush=True,
-  )
-
-
 def _checkpoint_epoch(job: _Job) -> Optional[int]:
   """The epoch of ``job``'s checkpoint (None: none, or damaged and moved aside)."""
   ckpt = Checkpoints(job.ckpt_path)
   try:
     return ckpt.latest_epoch()
   except DamagedCheckpoint as e:
-    _set_aside(ckpt, e)
+    set_aside(ckpt, e, "stiefax grok")
     return None
   finally:
     ckpt.close()
@@ -349,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
         train_batch(batch)
       except DamagedCheckpoint as e:  # unreadable when restored: aside, then again
         damaged = next(j for j in batch if Checkpoints(j.ckpt_path).directory == e.directory)
-        _set_aside(Checkpoints(damaged.ckpt_path), e)
+        set_aside(Checkpoints(damaged.ckpt_path), e, "stiefax grok")
         train_claimed(batch)
 
   while len(records) < len(jobs):

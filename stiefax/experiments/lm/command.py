@@ -24,6 +24,7 @@ from stiefax.experiments.cli import CommandError
 from stiefax.experiments.cli import writable_dir
 from stiefax.experiments.grok.checkpoints import Checkpoints
 from stiefax.experiments.grok.checkpoints import DamagedCheckpoint
+from stiefax.experiments.grok.checkpoints import set_aside
 from stiefax.experiments.lm import data as data_lib
 from stiefax.experiments.lm import runs as runs_lib
 from stiefax.experiments.lm.config import ARMS
@@ -274,13 +275,7 @@ def _train(job: Job, training, every: int, out: pathlib.Path, progress: bool) ->
     except DamagedCheckpoint as e:
       if attempt:
         raise CommandError(f"checkpoint {ckpt.directory}: {e.reason}") from None
-      aside = ckpt.move_aside()
-      print(
-        f"stiefax lm: checkpoint {ckpt.directory} is unusable ({e.reason}); moved it to"
-        f" {aside.name} and training the run from the start",
-        file=sys.stderr,
-        flush=True,
-      )
+      set_aside(ckpt, e, "stiefax lm")
   import jax  # pylint: disable=g-import-not-at-top
 
   record = {
