@@ -57,7 +57,8 @@ def launch(n: int, argv: list[str], devices: int, timeout: float = 600) -> int:
   """Runs this script as ``n`` processes with a local coordinator; their exit status."""
   address = f"127.0.0.1:{free_port()}"
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "", env.get("XLA_FLAGS", ""))
+  env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
   procs = [
     subprocess.Popen(
       [sys.executable, __file__, *argv, "--coordinator", address]
