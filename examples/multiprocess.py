@@ -17,16 +17,17 @@ the key heads in `kv_einsum/w` `(2, K, d, r)` of the decoder are laid out as
   fsdp   the rows (the d axis) over `data`, as an FSDP / ZeRO-3 rule shards every
          weight: the update reduces the r x r Gram products of each frame;
   both   heads over `model` and rows over `data`;
-  none   replicated (with one device: the unsharded reference).
+  none   the unsharded reference, on one device.
 
 Every other parameter is replicated; the batch is split over `data`. Each process
 prints the loss, the isometry error of the frames and the collectives (count and bytes
 per device) of the compiled optimizer update; `--out` writes the final parameters (the
 first process) and those numbers as a `.npz` file and a `.json` file.
 
-Checkpoints (Orbax) are global: `--save DIR` writes params and optimizer state after
-the steps, `--restore DIR` reads them onto this run's mesh, whatever mesh and number of
-processes wrote them, and continues.
+Checkpoints (Orbax) are global: `--save DIR` writes params and optimizer state of each
+layout to `DIR/<layout>` (after `--save-step` steps, by default at the end),
+`--restore DIR/<layout>` reads them onto this run's mesh, whatever mesh and number of
+processes wrote them, and continues (give `--first-step` to continue the batches).
 """
 
 from __future__ import annotations
@@ -114,7 +115,15 @@ def parse_args(argv=None):
   parser.add_argument("--mesh", default=None, help="data x model, e.g. 2x2 (default: all)")
   parser.add_argument("--steps", type=int, default=4, help="training steps")
   parser.add_argument("--first-step", type=int, default=0, help="index of the first batch")
-  parser.add_argument("--save", default=None, help="Orbax checkpoint directory to write")
+  parser.add_argument(
+    "--save", default=None, help="write an Orbax checkpoint of each layout to <save>/<layout>"
+  )
+  parser.add_argument(
+    "--save-layouts", default=None, help="comma-separated layouts to save (default: all)"
+  )
+  parser.add_argument(
+    "--save-step", type=int, default=None, help="save after this many steps (default: the end)"
+  )
   parser.add_argument("--restore", default=None, help="Orbax checkpoint directory to read")
   parser.add_argument("--out", default=None, help="write <out>.npz and <out>.json")
   parser.add_argument(
@@ -128,8 +137,8 @@ def parse_args(argv=None):
   for layout in args.layouts:
     if layout not in LAYOUTS:
       parser.error(f"unknown layout {layout!r}; choose from {', '.join(LAYOUTS)}")
-  if len(args.layouts) > 1 and (args.save or args.restore):
-    parser.error("--save and --restore take one layout")
+  if len(args.layouts) > 1 and args.restore:
+    parser.error("--restore takes one layout")
   return args
 
 
@@ -180,6 +189,7 @@ def run(args):
   else:
     n_data, n_model = jax.process_count(), len(devices) // jax.process_count()
   mesh = Mesh(np.array(devices[: n_data * n_model]).reshape(n_data, n_model), ("data", "model"))
+  one = Mesh(np.array(devices[:1]).reshape(1, 1), ("data", "model"))
 
   model = DecoderLM(config, "plain")
   tokens0 = jnp.zeros((1, config.seq), jnp.int32)
@@ -189,7 +199,8 @@ def run(args):
     np.asarray, stiefax.flax.project_params(model.init(jax.random.key(0), tokens0))
   )
   for layout in args.layouts:
-    train(args, layout, mesh, model, config, host_params)
+    # "none" is the unsharded reference: one device.
+    train(args, layout, one if layout == "none" else mesh, model, config, host_params)
 
 
 _COMPILED: dict = {}  # layout -> (train step, update), jitted
@@ -326,10 +337,20 @@ def train(args, layout, mesh, model, config, host_params):
   comm = collectives(update.lower(params, state, params).compile().as_text())
   t1 = time.perf_counter()
 
+  def save(params, state):
+    import orbax.checkpoint as ocp
+
+    with ocp.StandardCheckpointer() as ckpt:  # every process writes its shards
+      path = os.path.join(os.path.abspath(args.save), layout)
+      ckpt.save(path, {"params": params, "state": state})
+
+  saving = args.save and (args.save_layouts is None or layout in args.save_layouts.split(","))
   losses = []
-  for i in range(args.first_step, args.first_step + args.steps):
-    params, state, loss = train_step(params, state, tokens_at(i), row_scale)
+  for i in range(args.steps):
+    params, state, loss = train_step(params, state, tokens_at(args.first_step + i), row_scale)
     losses.append(float(loss))
+    if saving and i + 1 == (args.steps if args.save_step is None else args.save_step):
+      save(params, state)
   iso = float(stiefax.diagnostics.isometry_error(params, labels))
   t2 = time.perf_counter()
   used = {k: v for k, v in comm.items() if v["count"]}
@@ -341,12 +362,6 @@ def train(args, layout, mesh, model, config, host_params):
       flush=True,
     )
     print(f"collectives in the optimizer update: {used or 'none'}", flush=True)
-
-  if args.save:
-    import orbax.checkpoint as ocp
-
-    with ocp.StandardCheckpointer() as ckpt:
-      ckpt.save(os.path.abspath(args.save), {"params": params, "state": state})
 
   if args.out:
     gathered = multihost_utils.process_allgather(params, tiled=True)
