@@ -17,9 +17,12 @@ the key heads in `kv_einsum/w` `(2, K, d, r)` of the decoder are laid out as
   fsdp   the rows (the d axis) over `data`, as an FSDP / ZeRO-3 rule shards every
          weight: the update reduces the r x r Gram products of each frame;
   both   heads over `model` and rows over `data`;
-  none   the unsharded reference, on one device.
+  none   the unsharded reference, on one device;
+  gather rows over `data`, but the update gathers each W whole first (the naive way);
+  fsdp-perturbed  the control: fsdp with the frame update of the rows held by the last
+         process scaled by 1 + `--perturb`.
 
-Every other parameter is replicated; the batch is split over `data`. Each process
+Every other parameter is replicated; the batch is split over `data`. The first process
 prints the loss, the isometry error of the frames and the collectives (count and bytes
 per device) of the compiled optimizer update; `--out` writes the final parameters (the
 first process) and those numbers as a `.npz` file and a `.json` file.
@@ -86,7 +89,7 @@ def collectives(hlo: str) -> dict[str, dict[str, int]]:
   pattern = re.compile(r"=\s*(\(?[^=]*?\)?)\s+(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
   for line in hlo.splitlines():
     m = pattern.search(line)
-    if m is None or "-done" in line.split("=", 1)[1].split("(", 1)[0]:
+    if m is None:  # (an async pair counts once: its -start)
       continue
     shapes, name = m.groups()
     size = 0
@@ -145,13 +148,14 @@ def parse_args(argv=None):
 def main(argv=None):
   args = parse_args(argv)
   if args.launch:
-    rest = [a for a in (argv if argv is not None else sys.argv[1:])]
-    i = rest.index("--launch")
-    del rest[i : i + 2]
+    rest = list(argv if argv is not None else sys.argv[1:])
+    i = next(j for j, a in enumerate(rest) if a.startswith("--launch"))
+    del rest[i : i + (1 if "=" in rest[i] else 2)]
     sys.exit(launch(args.launch, rest, args.devices))
 
   import jax
 
+  # Collectives between the CPU devices of several processes (no effect on GPU or TPU).
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   if args.coordinator:
     jax.distributed.initialize(
