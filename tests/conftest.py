@@ -4,6 +4,8 @@ import jax
 import numpy as np
 import pytest
 
+from tests import multiprocess_harness
+
 
 @pytest.fixture
 def x64():
@@ -21,3 +23,10 @@ def rng():
 def _strict_rank_promotion():
   with jax.numpy_rank_promotion("raise"):
     yield
+
+
+@pytest.fixture(scope="session")
+def multiprocess_runs(tmp_path_factory):
+  """The shared two-process and one-process runs of tests/multiprocess_harness.py."""
+  multiprocess_harness.needs_orbax()
+  return multiprocess_harness.first_phase(tmp_path_factory.mktemp("multiprocess"))
