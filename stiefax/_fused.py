@@ -64,7 +64,7 @@ def fused_scalar_adam(
   """
 
   def update_fn(updates, state, params=None):
-    _routing.require_params("riemannian_adam", params)
+    _routing.require_params("riemannian_adam", params, updates)
     if not isinstance(state, tuple) or isinstance(state, (ScalarMomentState, PolarRetractState)):
       raise ValueError(_WRONG_STATE.format(n=0, kind="chain", types=(type(state).__name__,)))
     states = list(state)
