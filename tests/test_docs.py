@@ -45,6 +45,7 @@ def hook():
     "griffe",
     "ipykernel",
     "nbconvert",
+    "mathjax",
   ],
 )
 def test_docs_extra_is_installed(module):
@@ -153,6 +154,12 @@ def test_strict_build_executes_the_notebooks(tmp_path):
     "reproduction/index.html",
   ):
     assert (site / page).is_file(), page
+  # MathJax is served from the site (the math renders offline), never from a CDN.
+  assert (site / "javascripts" / "mathjax" / "tex-mml-chtml.js").is_file()
+  assert (site / "javascripts" / "mathjax" / "output" / "chtml" / "fonts").is_dir()
+  index = (site / "index.html").read_text()
+  assert "javascripts/mathjax/tex-mml-chtml.js" in index and "unpkg" not in index
+  assert (site / "howto" / "recipes" / "index.html").is_file()
   api = (site / "api" / "stiefax" / "index.html").read_text()
   assert "stiefax.riemannian_adam" in api and "stiefax.FrameSpec" in api
   for path in NOTEBOOKS:
