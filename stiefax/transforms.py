@@ -339,9 +339,11 @@ def polar_retract(
   or not finite keeps its point exactly (``skipped`` counts the non-finite ones).
   16-bit parameters are retracted in float32.
 
-  ``init`` checks concrete parameters: a frame with ``max|W^T W - I|`` above
-  ``init_tol`` is a ValueError (initialize with :func:`stiefax.flax.orthonormal_init`
-  or snap with :func:`stiefax.flax.project_params`). The default tolerance follows the
+  ``init`` checks the parameters: a frame with ``max|W^T W - I|`` above ``init_tol``
+  is a ValueError (initialize with :func:`stiefax.flax.orthonormal_init` or snap with
+  :func:`stiefax.flax.project_params`). Under ``jax.jit``, ``nnx.jit`` or ``vmap`` the
+  same check runs inside the program and raises when it runs, with the same message
+  (inside a ``jax.errors.JaxRuntimeError``); it is never skipped. The default tolerance follows the
   parameter's dtype, ``max(1e-3, 4 eps)``: rounding an orthonormal frame to unit
   roundoff ``u = eps / 2`` moves ``W^T W`` by at most ``2u + u^2``, so bfloat16
   (0.031) and float16 (0.0039) frames from ``orthonormal_init`` or ``project_params``

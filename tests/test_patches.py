@@ -9,7 +9,6 @@ import pytest
 
 from stiefax.experiments import cli
 from stiefax.experiments import patches
-from tests import harness
 
 # A tiny model keeps each training compile to a few seconds.
 TINY = [
@@ -25,11 +24,6 @@ TINY = [
   "1",
   "--no-progress",
 ]
-
-
-@pytest.fixture(scope="module")
-def cifar(tmp_path_factory):
-  return harness.write_cifar(tmp_path_factory.mktemp("cifar"))
 
 
 def digits_argv(tmp_path, *args):
