@@ -128,6 +128,7 @@ def test_notebooks_are_stored_without_outputs():
     assert nb["metadata"]["kernelspec"]["language"] == "python"
 
 
+@pytest.mark.slow  # the whole site with its three notebooks executed (.ci/run runs it)
 @pytest.mark.timeout(600)
 def test_strict_build_executes_the_notebooks(tmp_path):
   site = tmp_path / "site"
