@@ -194,10 +194,14 @@ def with_frames(tx: Any, frames: Any, explicit: bool, who: str = "stiefel_adamw"
   return tx
 
 
+def _at(rate: Any, count: Any) -> Any:
+  return rate(count) if callable(rate) else rate
+
+
 def rate_for(learning_rate: Any, scale: Any, peak: Any) -> Any:
-  """``scale * learning_rate(t) / peak`` as a float, an array or a schedule."""
-  if callable(learning_rate):
-    return lambda count: scale * learning_rate(count) / peak
+  """``scale(t) * learning_rate(t) / peak`` as a float, an array or a schedule."""
+  if callable(learning_rate) or callable(scale):
+    return lambda count: _at(scale, count) * _at(learning_rate, count) / peak
   return scale * learning_rate / peak
 
 
@@ -212,7 +216,7 @@ def frame_rate(
   if peak_learning_rate is None:
     if isinstance(learning_rate, (int, float)):
       # A constant rate: the frames run at their own rate (zero when it is zero).
-      return scale if learning_rate != 0 else 0.0 * scale
+      return scale if learning_rate != 0 else 0.0
     kind = "a schedule" if callable(learning_rate) else "an array"
     raise ValueError(
       f"stiefax.{who}: learning_rate is {kind}, so the frames' rate"

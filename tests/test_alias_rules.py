@@ -240,3 +240,16 @@ def test_a_gradient_of_the_wrong_shape_names_its_path(rng, jit):
   w = params["attn"]["query"]["kernel"]
   with pytest.raises(ValueError, match=r"riemannian_adam: the update at <root> has shape"):
     stiefax.riemannian_adam().update(jnp.zeros((H, D, R)), stiefax.riemannian_adam().init(w), w)
+
+
+def test_a_scheduled_stiefel_learning_rate_multiplies_the_rule(rng):
+  params = _model(rng)
+  grads = _grads(rng, params)
+  frames_sched = optax.linear_schedule(0.0, 0.1, 10)  # the frames' own warm-up
+  tx = stiefax.stiefel_adamw(1e-3, stiefel_learning_rate=frames_sched)
+  u, _ = tx.update(grads, tx.init(params), params)
+  assert bool(jnp.all(u["attn"]["query"]["kernel"] == 0))
+  assert _norm(u["dense"]["kernel"]) > 0
+  tx = stiefax.stiefel_adamw(0.0)  # a zero rate is a zero rate for the frames too
+  u, _ = tx.update(grads, tx.init(params), params)
+  assert all(float(jnp.max(jnp.abs(x))) == 0.0 for x in jax.tree.leaves(u))
