@@ -22,19 +22,18 @@ SHARED_FIXTURE_MODULES = frozenset(
 PER_CASE_MODULES = frozenset({"test_common"})
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-  del config
-  for item in items:
-    mod = getattr(item, "module", None)  # doctest items have none
-    module = mod.__name__.rsplit(".", 1)[-1] if mod is not None else ""
-    if module in SHARED_FIXTURE_MODULES:
-      item.add_marker(pytest.mark.xdist_group(module))
-    elif module in PER_CASE_MODULES:
-      callspec = getattr(item, "callspec", None)
-      name = callspec.params.get("name") if callspec is not None else None
-      if name is not None:
-        item.add_marker(pytest.mark.xdist_group(f"{module}-{name}"))
+def pytest_itemcollected(item):
+  # Marked as each item is collected: before any collection_modifyitems hook (xdist's
+  # own reads the groups there).
+  mod = getattr(item, "module", None)  # doctest items have none
+  module = mod.__name__.rsplit(".", 1)[-1] if mod is not None else ""
+  if module in SHARED_FIXTURE_MODULES:
+    item.add_marker(pytest.mark.xdist_group(module))
+  elif module in PER_CASE_MODULES:
+    callspec = getattr(item, "callspec", None)
+    name = callspec.params.get("name") if callspec is not None else None
+    if name is not None:
+      item.add_marker(pytest.mark.xdist_group(f"{module}-{name}"))
 
 
 @pytest.fixture(scope="session")
