@@ -191,8 +191,10 @@ def main():
   model = DecoderLM(heads=args.heads, kv_heads=args.kv_heads, seq=args.seq)
   params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, args.seq), jnp.int32))
   params = stiefax.flax.project_params(params)  # a no-op here: initialized orthonormal
-  tx = stiefax.stiefel_adamw(
-    optax.cosine_decay_schedule(args.lr, max(args.steps, 1)), weight_decay=0.05
+  tx = stiefax.stiefel_adamw(  # the frames' rate decays with the same cosine
+    optax.cosine_decay_schedule(args.lr, max(args.steps, 1)),
+    weight_decay=0.05,
+    peak_learning_rate=args.lr,
   )
   state = tx.init(params)  # eager: checks that every bfloat16 frame is orthonormal
   labels = stiefax.flax.qk_labels(params)

@@ -76,9 +76,12 @@ def main():
 
   # The three-line drop-in: snap W_Q, W_K onto St(d, r), one optimizer for the model.
   params = stiefax.flax.project_params(params, stiefax.flax.qk_labels)
+  # The frames' Riemannian rate follows the same warm-up and cosine, scaled to 1.0 at
+  # the peak: frame_rate(t) = 1.0 * lr(t) / peak_learning_rate.
   tx = stiefax.stiefel_adamw(
     optax.warmup_cosine_decay_schedule(0.0, args.lr, max(1, args.steps // 10), max(2, args.steps)),
     weight_decay=0.05,
+    peak_learning_rate=args.lr,
   )
   opt_state = tx.init(params)
 

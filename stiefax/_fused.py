@@ -64,7 +64,7 @@ def fused_scalar_adam(
   """
 
   def update_fn(updates, state, params=None):
-    _routing.require_params("riemannian_adam", params)
+    _routing.require_params("riemannian_adam", params, updates)
     # Traced b1, b2, eps out of range skip the frame-step in the moment (counted there);
     # a traced tau out of range makes the step NaN, skipped by the retraction (as the
     # chain's step_norm_cap does).

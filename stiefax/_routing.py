@@ -13,8 +13,10 @@ import functools
 import math
 from typing import Any
 from typing import Callable
+from typing import Optional
 from typing import TypeVar
 import warnings
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -32,10 +34,42 @@ PARAMS_REQUIRED = (
 )
 
 
-def require_params(name: str, params: Any) -> None:
-  """Raises the one clear ValueError of a transform that needs ``params``."""
+WRONG_SHAPE = (
+  "stiefax.{name}: the update at {path} has shape {update} but its parameter has shape"
+  " {param}. Pass updates with the structure and shapes of the params (gradients of"
+  " the same tree the optimizer was initialized with)."
+)
+
+
+def require_params(name: str, params: Any, updates: Any = None) -> None:
+  """Raises the one clear ValueError of a transform that needs ``params``.
+
+  With ``updates``, also a ValueError naming the path and both shapes when an update's
+  shape differs from its parameter's (shapes are static, so this holds under ``jit``).
+  """
   if params is None:
     raise ValueError(PARAMS_REQUIRED.format(name=name))
+  if updates is not None:
+    check_shapes(name, updates, params)
+
+
+def check_shapes(name: str, updates: Any, params: Any) -> None:
+  """A ValueError naming the path and both shapes of the first mismatched update."""
+  flat, treedef = jax.tree_util.tree_flatten_with_path(updates)
+  try:
+    param_leaves = treedef.flatten_up_to(params)  # type: ignore[attr-defined]
+  except (ValueError, TypeError):
+    return  # a structure mismatch is reported by the tree map itself
+  for (path, u), w in zip(flat, param_leaves):
+    if u is None or w is None:
+      continue
+    us, ws = tuple(jnp.shape(u)), tuple(jnp.shape(getattr(w, "value", w)))
+    if us != ws:
+      raise ValueError(
+        WRONG_SHAPE.format(
+          name=name, path=jax.tree_util.keystr(path) or "<root>", update=us, param=ws
+        )
+      )
 
 
 # The allowed range of each scalar hyperparameter: (its words, its test). A test uses
@@ -193,3 +227,92 @@ def check_name(kind: str, name: Any, valid: tuple[str, ...]) -> None:
   """A ValueError naming the valid choices when ``name`` is not one of them."""
   if name not in valid:
     raise ValueError(f"Unknown {kind} {name!r}; valid {kind}s are {valid}.")
+
+
+# What each rebuildable factory call was given: the transform's update function (a
+# fresh closure per call) -> (factory, args, kwargs). Weak keys: an entry lives as long
+# as its transform.
+_BUILT: weakref.WeakKeyDictionary[Any, tuple] = weakref.WeakKeyDictionary()
+_UNSET = object()
+
+
+def rebuildable(fn: F) -> F:
+  """Lets :func:`with_frames` rebuild the factory's transforms with other ``frames``."""
+
+  @functools.wraps(fn)
+  def factory(*args: Any, **kwargs: Any) -> Any:
+    tx = fn(*args, **kwargs)
+    _BUILT[tx.update] = (fn, args, kwargs)
+    return tx
+
+  return factory  # type: ignore[return-value]
+
+
+def _same_frames(a: Any, b: Any) -> bool:
+  try:
+    return bool(a is b or a == b)
+  except Exception:
+    return False
+
+
+def with_frames(tx: Any, frames: Any, explicit: bool, who: str = "stiefel_adamw") -> Any:
+  """``tx`` viewing its parameters through ``frames``: the frames given once.
+
+  A transform built by a :func:`rebuildable` factory without ``frames=`` is rebuilt
+  with ``frames``; one built with its own ``frames=`` is kept, and a ValueError when
+  ``explicit`` (the caller was given ``frames`` too) and the two differ. Any other
+  transform (``optax.adam``, ``optax.set_to_zero``, ...) is returned as it is.
+  """
+  entry = _BUILT.get(tx.update)
+  if entry is None:
+    return tx
+  fn, args, kwargs = entry
+  own = kwargs.get("frames", _UNSET)
+  if own is _UNSET:
+    return fn(*args, **{**kwargs, "frames": frames})
+  if explicit and not _same_frames(own, frames):
+    raise ValueError(
+      f"stiefax.{who}: frames are given twice and differ: frames={frames!r} and"
+      f" stiefel={fn.__name__}(..., frames={own!r}). Give them once, to {who}: it"
+      " passes them on to the frame transform."
+    )
+  return tx
+
+
+def _at(rate: Any, count: Any) -> Any:
+  return rate(count) if callable(rate) else rate
+
+
+def rate_for(learning_rate: Any, scale: Any, peak: Any) -> Any:
+  """``scale(t) * learning_rate(t) / peak`` as a float, an array or a schedule."""
+  if callable(learning_rate) or callable(scale):
+    return lambda count: _at(scale, count) * _at(learning_rate, count) / peak
+  return scale * learning_rate / peak
+
+
+def frame_rate(
+  learning_rate: Any,
+  stiefel_learning_rate: Optional[Any],
+  peak_learning_rate: Optional[Any],
+  who: str = "stiefel_adamw",
+) -> Any:
+  """The frames' Riemannian rate of :func:`stiefax.stiefel_adamw` (the rule is there)."""
+  scale = 1.0 if stiefel_learning_rate is None else stiefel_learning_rate
+  if peak_learning_rate is None:
+    if isinstance(learning_rate, (int, float)):
+      # A constant rate: the frames run at their own rate (zero when it is zero).
+      return scale if learning_rate != 0 else 0.0
+    kind = "a schedule" if callable(learning_rate) else "an array"
+    raise ValueError(
+      f"stiefax.{who}: learning_rate is {kind}, so the frames' rate"
+      " stiefel_learning_rate * learning_rate(t) / peak_learning_rate needs"
+      " peak_learning_rate (the largest value of learning_rate, e.g. the peak_value of"
+      " a warm-up schedule; optax.inject_hyperparams passes every rate as an array, so"
+      " give it there too: inject_hyperparams(stiefel_adamw)(learning_rate=1e-3,"
+      " peak_learning_rate=1e-3))."
+    )
+  if isinstance(peak_learning_rate, (int, float)) and not peak_learning_rate > 0:
+    raise ValueError(
+      f"stiefax.{who}: peak_learning_rate must be positive, got {peak_learning_rate!r}."
+    )
+  return rate_for(learning_rate, scale, peak_learning_rate)

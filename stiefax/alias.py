@@ -6,6 +6,7 @@ from typing import Any
 from typing import Callable
 from typing import NamedTuple
 from typing import Optional
+from typing import Union
 
 import jax
 import optax
@@ -38,6 +39,7 @@ __all__ = [
 MOMENTS = ("scalar", "elementwise")
 
 
+@_routing.rebuildable
 def riemannian_adam(
   learning_rate: optax.ScalarOrSchedule = 1.0,
   b1: float = 0.9,
@@ -114,7 +116,9 @@ def riemannian_adam(
     polar: the retraction's method, see :func:`stiefax.polar_retract`.
     retraction: ``"polar"`` (the paper's), ``"qr"`` or ``"cayley"``; see
       :func:`stiefax.retract`.
-    frames: how each leaf is viewed as frames.
+    frames: how each leaf is viewed as frames. Given as ``stiefel=`` to
+      :func:`stiefel_adamw` without it, the transform takes the frames of
+      ``stiefel_adamw`` (so they are given once).
     mu_dtype: dtype of the first moment (default: the parameter's).
     fused: compute the scalar-moment update in one pass per frame (default), or
       return the literal ``optax.chain`` of the transforms (``False``; same state,
@@ -179,6 +183,7 @@ def _retraction(
   return transforms.retract(retraction, polar, frames=frames, step_bound=bound, init_tol=init_tol)
 
 
+@_routing.rebuildable
 def riemannian_sgd(
   learning_rate: optax.ScalarOrSchedule = 0.02,
   *,
@@ -314,9 +319,11 @@ def stiefel_adamw(
   b1: float = 0.9,
   b2: float = 0.999,
   eps: float = 1e-8,
-  stiefel: Optional[optax.GradientTransformation] = None,
+  stiefel: Union[optax.GradientTransformation, Callable[..., Any], None] = None,
   labels: Any = None,
   frames: Optional[FramesLike] = None,
+  stiefel_learning_rate: Optional[optax.ScalarOrSchedule] = None,
+  peak_learning_rate: Optional[float] = None,
 ) -> optax.GradientTransformation:
   """One optimizer for a whole model: Stiefel frames plus AdamW for the rest.
 
@@ -328,6 +335,23 @@ def stiefel_adamw(
     :func:`stiefax.flax.qk_frames`);
   * ``"adamw"``: ``optax.adamw(learning_rate, b1, b2, eps, weight_decay)`` on every
     other parameter, with decay on tensors of rank >= 2 only.
+
+  The frames' rate follows ``learning_rate`` in shape, at its own scale::
+
+      frame_rate(t) = stiefel_learning_rate * learning_rate(t) / peak_learning_rate
+
+  ``stiefel_learning_rate`` (default 1.0, the paper's ``eta_R``) is the frames' rate
+  at the peak of ``learning_rate``: a warm-up, a decay, or a rate lowered through
+  ``optax.inject_hyperparams`` reaches the frames in proportion, while the frames'
+  step keeps its own, scale-free size (degree zero in the gradient, capped at
+  ``tau sqrt(r)``; Propositions 3 and 6) instead of AdamW's ``1e-3``. For a constant
+  ``learning_rate`` the peak is that number, so the frames run at
+  ``stiefel_learning_rate``. For a schedule, or an array (as
+  ``optax.inject_hyperparams`` passes every rate), give ``peak_learning_rate``.
+  The rule builds the frame transform: the default :func:`riemannian_adam`, or
+  ``stiefel`` when it is a factory (called as ``stiefel(frame_rate, frames=...)``,
+  e.g. ``functools.partial(stiefax.riemannian_adam, eps=1e-3)``). A ready transform
+  given as ``stiefel`` keeps the rate it was built with.
 
   A frame parameter whose :class:`stiefax.FrameSpec` selects only part of it (the
   query/key slices of a fused ``qkv_einsum``, ``kv_einsum`` or ``c_attn`` weight)
@@ -359,9 +383,12 @@ def stiefel_adamw(
     b1: AdamW's first-moment decay.
     b2: AdamW's second-moment decay.
     eps: AdamW's epsilon.
-    stiefel: the transform for the frames (default
-      ``riemannian_adam(frames=frames)``). When you give it, give it the same
-      ``frames``.
+    stiefel: the frame rule: ``None`` (``riemannian_adam(frame_rate,
+      frames=frames)``), a factory called as ``stiefel(frame_rate, frames=frames)``,
+      or a ready ``optax.GradientTransformation`` (which keeps its own rate). A
+      :func:`riemannian_adam`, :func:`riemannian_sgd` or
+      :func:`stiefax.manifold_muon` built without ``frames=`` takes ``frames`` from
+      here; one built with other frames than ``frames`` is a ValueError.
     labels: a tree of ``"stiefel"`` / ``"adamw"`` labels matching the params, a
       callable ``params -> labels``, or ``None`` (default: the query/key weights
       found by :func:`stiefax.flax.qk_labels`; a single array is one frame
@@ -370,6 +397,11 @@ def stiefel_adamw(
       :func:`stiefax.flax.qk_frames`, which reads each layout from its name; Dense
       layouts need ``qk_frames(head_dim=...)``). It also decides which entries of a
       partly selected parameter AdamW trains.
+    stiefel_learning_rate: the frames' rate at the peak of ``learning_rate``
+      (default 1.0); a float or an Optax schedule, multiplied by the rule above.
+    peak_learning_rate: the value of ``learning_rate`` at which the frames run at
+      ``stiefel_learning_rate`` (default: ``learning_rate`` when it is a number;
+      required for a schedule or an array).
 
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
@@ -383,8 +415,27 @@ def stiefel_adamw(
     eps=eps,
   )
   named = qk_frames()
-  if stiefel is None:
-    stiefel = riemannian_adam(frames=named if frames is None else frames)
+  target = named if frames is None else frames
+  if isinstance(stiefel, optax.GradientTransformation):
+    if stiefel_learning_rate is not None or peak_learning_rate is not None:
+      raise ValueError(
+        "stiefax.stiefel_adamw: stiefel_learning_rate and peak_learning_rate set the"
+        " rate of the frame transform that stiefel_adamw builds, but stiefel= is a"
+        " ready transform with its own rate. Pass a factory instead, e.g."
+        " stiefel=functools.partial(stiefax.riemannian_adam, eps=1e-3)."
+      )
+    stiefel = _routing.with_frames(stiefel, target, explicit=frames is not None)
+  else:
+    rate = _routing.frame_rate(learning_rate, stiefel_learning_rate, peak_learning_rate)
+    if stiefel is None:
+      stiefel = riemannian_adam(rate, frames=target)
+    elif callable(stiefel):
+      stiefel = stiefel(rate, frames=target)
+    else:
+      raise TypeError(
+        "stiefax.stiefel_adamw: stiefel= must be None, an optax.GradientTransformation"
+        f" or a factory (learning_rate, frames=...) -> transform; got {stiefel!r}."
+      )
 
   def rest_spec(path, w):
     # Without frames= and with a custom stiefel, only the fused layouts known by name
@@ -401,10 +452,17 @@ def stiefel_adamw(
       learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask
     )
 
-  return optax.partition(
+  inner = optax.partition(
     {
       STIEFEL_LABEL: _frames_and_rest(stiefel, euclidean(), rest_spec),
       EUCLIDEAN_LABEL: euclidean(),
     },
     checked_labels(labels, "stiefel_adamw"),
   )
+
+  def update_fn(updates, state, params=None, **extra_args):
+    if params is not None:
+      _routing.check_shapes("stiefel_adamw", updates, params)
+    return inner.update(updates, state, params, **extra_args)
+
+  return optax.GradientTransformationExtraArgs(inner.init, update_fn)

@@ -30,6 +30,7 @@ from stiefax.labels import STIEFEL_LABEL
 from stiefax.labels import Layout
 from stiefax.labels import attention_like
 from stiefax.labels import layout_of
+from stiefax.labels import no_frames_message
 from stiefax.labels import path_names
 from stiefax.labels import qk_labels
 from stiefax.labels import resolve_labels
@@ -236,6 +237,11 @@ def project_params(
 
   Returns:
     ``params`` with every labelled leaf replaced by its polar factor.
+
+  Raises:
+    ValueError: if no leaf is labelled ``label`` (the message of
+      :func:`stiefax.stiefel_adamw` for the same tree): the model is never returned
+      unchanged by accident.
   """
 
   def snap(spec, w):
@@ -243,6 +249,8 @@ def project_params(
     return spec.from_frames(geometry.polar(spec.to_frames(w), method), w.shape, rest)
 
   snapped = _map_labelled(snap, params, labels, label, frames)
+  if all(s is None for s in jax.tree.leaves(snapped, is_leaf=lambda x: x is None)):
+    raise ValueError(no_frames_message("project_params", params, label))
   return jax.tree.map(
     lambda s, w: w if s is None else s, snapped, params, is_leaf=lambda x: x is None
   )

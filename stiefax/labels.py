@@ -35,6 +35,7 @@ __all__ = [
   "layout_of",
   "attention_like",
   "missing_frames_hint",
+  "no_frames_message",
   "qk_labels",
   "resolve_labels",
   "label_mask",
@@ -310,6 +311,33 @@ def missing_frames_hint(params: Any) -> str:
   return _nothing_selected_message(found)
 
 
+def no_frames_message(who: str, params: Any, label: str = STIEFEL_LABEL) -> str:
+  """The error of every function that finds no frame in ``params``: one message.
+
+  :func:`stiefax.stiefel_adamw` and :func:`stiefax.flax.project_params` refuse a
+  label tree without frames with it, rather than train or return the model unchanged.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from stiefax.labels import no_frames_message
+    >>> no_frames_message("project_params", {"mlp": {"kernel": jnp.zeros((4, 4))}})
+    "project_params: no parameter is labelled 'stiefel', so no parameter is a frame ...
+
+  Args:
+    who: the name that starts the message.
+    params: the parameter tree.
+    label: the label that marks frames.
+
+  Returns:
+    The message: what was found, and how to select the frames.
+  """
+  return (
+    f"{who}: no parameter is labelled {label!r}, so no parameter is a frame"
+    " (stiefel_adamw would train every parameter as plain AdamW; use optax.adamw for"
+    " that); " + missing_frames_hint(params)
+  )
+
+
 def qk_labels(
   params: Any,
   *,
@@ -535,11 +563,7 @@ def checked_labels(labels: LabelsLike = None, who: str = "stiefel_adamw") -> Cal
     except (ValueError, TypeError) as e:
       raise ValueError(_structure_message(tree, params, who)) from e
     if STIEFEL_LABEL not in found:
-      raise ValueError(
-        f"{who}: no parameter is labelled {STIEFEL_LABEL!r}, so every"
-        " parameter would train as plain AdamW (use optax.adamw for that); "
-        + missing_frames_hint(params)
-      )
+      raise ValueError(no_frames_message(who, params))
     return tree
 
   return fn

@@ -204,6 +204,7 @@ class ManifoldMuonState(NamedTuple):
   skipped: Any
 
 
+@_routing.rebuildable
 def manifold_muon(
   learning_rate: optax.ScalarOrSchedule = 0.05,
   beta: float = 0.95,
@@ -289,7 +290,7 @@ def manifold_muon(
     return ManifoldMuonState(jnp.zeros([], jnp.int32), mu, multiplier, residual, gap, skipped)
 
   def update_fn(updates, state, params=None):
-    _routing.require_params("manifold_muon", params)
+    _routing.require_params("manifold_muon", params, updates)
     mstate = state
     count = optax.safe_increment(mstate.count)
     # As optax.scale_by_learning_rate: a schedule is read at the count before the step.

@@ -42,7 +42,7 @@ def _projection(
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None):
-    _routing.require_params(name, params)
+    _routing.require_params(name, params, updates)
 
     def leaf(path, u, w):
       spec = checked_frames(frames, path, w)

@@ -35,6 +35,7 @@ how-to "Shard heads across devices").
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 from typing import NamedTuple
 import warnings
@@ -166,7 +167,7 @@ def _moment(
     return state_cls(jnp.zeros([], jnp.int32), mu, nu, skipped)
 
   def update_fn(updates, state, params=None):
-    _routing.require_params(name, params)
+    _routing.require_params(name, params, updates)
     count = optax.safe_increment(state.count)
 
     def leaf(path, u, w, mu, nu, skipped):
@@ -349,9 +350,11 @@ def polar_retract(
   or not finite keeps its point exactly (``skipped`` counts the non-finite ones).
   16-bit parameters are retracted in float32.
 
-  ``init`` checks concrete parameters: a frame with ``max|W^T W - I|`` above
-  ``init_tol`` is a ValueError (initialize with :func:`stiefax.flax.orthonormal_init`
-  or snap with :func:`stiefax.flax.project_params`). The default tolerance follows the
+  ``init`` checks the parameters: a frame with ``max|W^T W - I|`` above ``init_tol``
+  is a ValueError (initialize with :func:`stiefax.flax.orthonormal_init` or snap with
+  :func:`stiefax.flax.project_params`). Under ``jax.jit``, ``nnx.jit`` or ``vmap`` the
+  same check runs inside the program and raises when it runs, with the same message
+  (inside a ``jax.errors.JaxRuntimeError``); it is never skipped. The default tolerance follows the
   parameter's dtype, ``max(1e-3, 4 eps)``: rounding an orthonormal frame to unit
   roundoff ``u = eps / 2`` moves ``W^T W`` by at most ``2u + u^2``, so bfloat16
   (0.031) and float16 (0.0039) frames from ``orthonormal_init`` or ``project_params``
@@ -440,6 +443,15 @@ def retract(
   return _retract(frames, retraction, method, step_bound, init_tol, name)
 
 
+def _check_on_manifold(err: Any, *, name, path, shape, dtype, tol) -> None:
+  """The ValueError of ``init`` for a frame with ``max|W^T W - I| = err > tol``."""
+  err = float(err)
+  if not err <= tol:
+    raise ValueError(
+      _OFF_MANIFOLD.format(name=name, path=path, shape=shape, dtype=dtype, err=err, tol=tol)
+    )
+
+
 def _retract(
   frames: FramesLike,
   retraction: str,
@@ -466,30 +478,36 @@ def _retract(
     def leaf(path, w):
       spec = checked_frames(frames, path, w)
       skipped = _routing.zeros_per_frame(spec, w, jnp.int32)  # also validates the axes, r <= d
-      # Concrete params that this process holds entirely are checked on the host (a
-      # global array spread over several hosts is not fetched).
-      if not isinstance(w, jax.core.Tracer) and getattr(w, "is_fully_addressable", True):
+      tol = _init_tolerance(w.dtype) if init_tol is None else float(init_tol)
+      check = functools.partial(
+        _check_on_manifold,
+        name=name,
+        path=jax.tree_util.keystr(path) or "<root>",
+        shape=tuple(w.shape),
+        dtype=jnp.dtype(w.dtype).name,
+        tol=tol,
+      )
+      if isinstance(w, jax.core.Tracer):
+        # Under jit (or nnx.jit, vmap, ...) the same check runs with the program and
+        # raises from it: a JaxRuntimeError that carries this ValueError's message.
+        wf = spec.to_frames(w)
+        cd = jnp.promote_types(geometry.compute_dtype(w.dtype), jnp.float32)
+        wf = wf.astype(cd)
+        gram = geometry.mT(wf) @ wf
+        err = jnp.max(jnp.abs(gram - geometry.eye_like(gram)), initial=0.0)
+        jax.debug.callback(check, err)
+      elif getattr(w, "is_fully_addressable", True):
+        # Concrete params that this process holds entirely are checked on the host (a
+        # global array spread over several hosts is not fetched).
         wf = np.asarray(spec.to_frames(jnp.asarray(w)), np.float64)
         gram = np.swapaxes(wf, -1, -2) @ wf
-        err = float(np.max(np.abs(gram - np.eye(gram.shape[-1])), initial=0.0))
-        tol = _init_tolerance(w.dtype) if init_tol is None else float(init_tol)
-        if not err <= tol:
-          raise ValueError(
-            _OFF_MANIFOLD.format(
-              name=name,
-              path=jax.tree_util.keystr(path) or "<root>",
-              shape=tuple(w.shape),
-              dtype=jnp.dtype(w.dtype).name,
-              err=err,
-              tol=tol,
-            )
-          )
+        check(float(np.max(np.abs(gram - np.eye(gram.shape[-1])), initial=0.0)))
       return skipped
 
     return PolarRetractState(jax.tree_util.tree_map_with_path(leaf, params))
 
   def update_fn(updates, state, params=None):
-    _routing.require_params(name, params)
+    _routing.require_params(name, params, updates)
 
     def leaf(path, u, w, skipped):
       spec = checked_frames(frames, path, w)

@@ -144,9 +144,10 @@ CASES = {
   # The whole-model optimizer: frames plus AdamW for the rest.
   "stiefel_adamw": Case(
     stiefax.stiefel_adamw,
-    dict(learning_rate=1e-2, weight_decay=0.1),
+    # The frames' rate follows the injected one (peak_learning_rate: the rule's peak).
+    dict(learning_rate=1e-2, weight_decay=0.1, peak_learning_rate=1e-2),
     params="model",
-    lr_leaves=("dense",),
+    lr_leaves=("query", "dense"),
     frame_state=_stiefel_state,
     reference=_adam_ref(),
   ),

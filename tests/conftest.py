@@ -1,10 +1,19 @@
-"""Shared fixtures: float64 per test, strict promotion, seeded frames."""
+"""Shared fixtures: float64 per test, strict promotion, seeded frames, shared runs."""
 
 import jax
 import numpy as np
 import pytest
 
 from tests import multiprocess_harness
+
+
+@pytest.fixture(scope="session")
+def cifar(tmp_path_factory):
+  """A small CIFAR-10 python-format folder and archive (tests.harness.write_cifar),
+  written once per test process and shared by the data and patch tests."""
+  from tests import harness  # the experiments extra; imported only where it is used
+
+  return harness.write_cifar(tmp_path_factory.mktemp("cifar"))
 
 
 @pytest.fixture

@@ -73,6 +73,7 @@ def test_passing_needs_a_control_that_fails():
   assert not _core.record("x", "1", 1e-9, 1.0).passed  # residual too large
 
 
+@pytest.mark.slow  # every certificate again, at another seed
 def test_another_seed_also_passes():
   with jax.numpy_rank_promotion("raise"):
     out = certificates.run_all(seed=3)

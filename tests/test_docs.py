@@ -45,6 +45,7 @@ def hook():
     "griffe",
     "ipykernel",
     "nbconvert",
+    "mathjax",
   ],
 )
 def test_docs_extra_is_installed(module):
@@ -127,6 +128,7 @@ def test_notebooks_are_stored_without_outputs():
     assert nb["metadata"]["kernelspec"]["language"] == "python"
 
 
+@pytest.mark.slow  # the whole site with its three notebooks executed (.ci/run runs it)
 @pytest.mark.timeout(600)
 def test_strict_build_executes_the_notebooks(tmp_path):
   site = tmp_path / "site"
@@ -153,6 +155,12 @@ def test_strict_build_executes_the_notebooks(tmp_path):
     "reproduction/index.html",
   ):
     assert (site / page).is_file(), page
+  # MathJax is served from the site (the math renders offline), never from a CDN.
+  assert (site / "javascripts" / "mathjax" / "tex-mml-chtml.js").is_file()
+  assert (site / "javascripts" / "mathjax" / "output" / "chtml" / "fonts").is_dir()
+  index = (site / "index.html").read_text()
+  assert "javascripts/mathjax/tex-mml-chtml.js" in index and "unpkg" not in index
+  assert (site / "howto" / "recipes" / "index.html").is_file()
   api = (site / "api" / "stiefax" / "index.html").read_text()
   assert "stiefax.riemannian_adam" in api and "stiefax.FrameSpec" in api
   for path in NOTEBOOKS:

@@ -19,6 +19,9 @@ SCRIPTS = (
   "decoder_lm.py",
 )
 _SCI = re.compile(r"([0-9.]+e[-+][0-9]+)")
+# The module fixture starts every script at once: on a loaded 2-core machine their
+# start-up alone can pass the suite's 300 s default.
+pytestmark = pytest.mark.timeout(900)
 
 
 def isometry_errors(name, text):

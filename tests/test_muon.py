@@ -93,8 +93,15 @@ def test_update_step_is_tangent_with_spectral_norm_at_most_lr(x64, rng):
   assert float(jnp.max(state.residual)) < 1e-3
 
 
-@pytest.mark.parametrize("retraction, bound", [("polar", 2e-6), ("qr", 2e-6), ("cayley", 2e-5)])
-def test_float32_isometry_over_2000_steps(retraction, bound):
+@pytest.mark.parametrize(
+  "retraction, bound, steps",
+  [("polar", 2e-6, 200)]
+  + [
+    pytest.param(r, b, 2000, marks=pytest.mark.slow)  # the same path, ten times longer
+    for r, b in (("polar", 2e-6), ("qr", 2e-6), ("cayley", 2e-5))
+  ],
+)
+def test_float32_isometry_over_many_steps(retraction, bound, steps):
   # Polar and QR orthonormalize the point they return; the Cayley transform only
   # rotates it, so its float32 rounding accumulates (about 2e-9 per step here).
   rng = np.random.default_rng(0)
@@ -112,14 +119,14 @@ def test_float32_isometry_over_2000_steps(retraction, bound):
       w = optax.apply_updates(w, u)
       return (w, state), stiefax.diagnostics.isometry_error(w)
 
-    (w, state), errs = jax.lax.scan(body, (w, tx.init(w)), jax.random.split(key, 2000))
+    (w, state), errs = jax.lax.scan(body, (w, tx.init(w)), jax.random.split(key, steps))
     return w, state, errs
 
   w, state, errs = run(w0, jax.random.key(1))
   assert w.dtype == jnp.float32
   assert float(jnp.max(errs)) <= bound, float(jnp.max(errs))
   assert float(jnp.max(jnp.abs(w - w0))) > 0.1  # the frames moved
-  assert int(state.count) == 2000 and int(jnp.sum(state.skipped)) == 0
+  assert int(state.count) == steps and int(jnp.sum(state.skipped)) == 0
 
 
 def test_non_finite_gradient_keeps_params_and_state(rng):

@@ -11,12 +11,6 @@ import pytest
 
 from stiefax.experiments import cli
 from stiefax.experiments import patch_data
-from tests import harness
-
-
-@pytest.fixture(scope="module")
-def cifar(tmp_path_factory):
-  return harness.write_cifar(tmp_path_factory.mktemp("cifar"))
 
 
 def test_cifar_python_folder_and_archive_read_identically(cifar):

@@ -9,7 +9,6 @@ import pytest
 
 from stiefax.experiments import cli
 from stiefax.experiments import patches
-from tests import harness
 
 # A tiny model keeps each training compile to a few seconds.
 TINY = [
@@ -25,11 +24,6 @@ TINY = [
   "1",
   "--no-progress",
 ]
-
-
-@pytest.fixture(scope="module")
-def cifar(tmp_path_factory):
-  return harness.write_cifar(tmp_path_factory.mktemp("cifar"))
 
 
 def digits_argv(tmp_path, *args):
@@ -382,6 +376,7 @@ def test_eps_probe_uses_the_main_study_as_its_reference(tmp_path):
   assert "paired against eps=1e-06, the smallest here: no B2 run at the default eps=1e-08" in alone
 
 
+@pytest.mark.slow  # every family arm end to end (tests/test_arms.py builds and steps each)
 def test_optimizer_family_arms_run_end_to_end_on_digits(tmp_path, capsys):
   out = tmp_path / "runs"
   argv = digits_argv(

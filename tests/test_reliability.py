@@ -128,7 +128,10 @@ def test_float64_params_stay_float64(x64, rng):
   assert float(stiefax.diagnostics.isometry_error(optax.apply_updates(w, u))) < 1e-13
 
 
-@pytest.mark.parametrize("r", [16, 32, 64])
+@pytest.mark.parametrize(
+  "r",
+  [16] + [pytest.param(r, marks=pytest.mark.slow) for r in (32, 64)],  # larger frames
+)
 @pytest.mark.parametrize("method", ALL_METHODS if LONG else ["auto", "eigh"])
 def test_no_drift_over_long_float32_runs(r, method):
   steps = 20_000 if LONG else 300
@@ -196,8 +199,7 @@ def test_orbax_checkpoint_resumes_bit_identically(tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
-@hypothesis.settings(max_examples=12, deadline=None, derandomize=True)
-@hypothesis.given(
+_SHAPES_SCALES_DTYPES = dict(
   d=st.integers(2, 10),
   r_frac=st.floats(0.1, 1.0),
   batch=st.lists(st.integers(1, 3), min_size=0, max_size=2),
@@ -205,7 +207,22 @@ def test_orbax_checkpoint_resumes_bit_identically(tmp_path):
   dtype=st.sampled_from(["float32", "float64"]),
   moment=st.sampled_from(["scalar", "elementwise"]),
 )
+
+
+@hypothesis.settings(max_examples=4, deadline=None, derandomize=True)
+@hypothesis.given(**_SHAPES_SCALES_DTYPES)
 def test_properties_over_shapes_scales_and_dtypes(d, r_frac, batch, log_scale, dtype, moment):
+  _check_properties(d, r_frac, batch, log_scale, dtype, moment)
+
+
+@pytest.mark.slow  # the same check over three times as many drawn shapes
+@hypothesis.settings(max_examples=12, deadline=None, derandomize=True)
+@hypothesis.given(**_SHAPES_SCALES_DTYPES)
+def test_properties_over_more_shapes_scales_and_dtypes(d, r_frac, batch, log_scale, dtype, moment):
+  _check_properties(d, r_frac, batch, log_scale, dtype, moment)
+
+
+def _check_properties(d, r_frac, batch, log_scale, dtype, moment):
   r = max(1, round(r_frac * d))
   shape = (d, *batch, r)  # rows first, batch axes in the middle
   with jax.enable_x64(dtype == "float64"):

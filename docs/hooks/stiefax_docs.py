@@ -9,6 +9,9 @@
 * No page keeps Sphinx markup (``:func:`` roles, ``::`` literal markers) in its
   rendered HTML; the griffe extension ``griffe_examples.py`` rewrites the docstrings'
   roles as mkdocstrings cross-references.
+* MathJax is served from the built site (``javascripts/mathjax/``), so the math renders
+  offline: :func:`on_post_build` copies it from the ``django-static-mathjax`` package
+  of the docs extra (MathJax 3 as plain files; it needs no Django).
 * The notebooks live in ``notebooks/`` at the repository root (they are run and read on
   their own too); they are added to the site as ``notebooks/*.ipynb``, where the
   mkdocs-jupyter plugin executes them.
@@ -20,6 +23,7 @@ import importlib
 import inspect
 import pathlib
 import re
+import shutil
 from typing import Any
 from typing import Iterable
 
@@ -169,3 +173,38 @@ def on_files(files, config):
       )
     )
   return files
+
+
+#: Where the built site serves MathJax (``extra_javascript`` in mkdocs.yml loads
+#: ``MATHJAX_DIR/MATHJAX_ENTRY``).
+MATHJAX_DIR = "javascripts/mathjax"
+MATHJAX_ENTRY = "tex-mml-chtml.js"
+
+
+def mathjax_source() -> pathlib.Path:
+  """The MathJax 3 ``es5`` folder of the installed ``django-static-mathjax`` package."""
+  try:
+    package = importlib.import_module("mathjax")
+  except ImportError as e:
+    raise PluginError(
+      "MathJax is served from the site and comes from the package django-static-mathjax"
+      f" ({e}); install the docs extra: pip install -e '.[docs]'"
+    ) from e
+  source = pathlib.Path(package.__file__).parent / "static" / "mathjax" / "es5"
+  if not (source / MATHJAX_ENTRY).is_file():
+    raise PluginError(f"{source / MATHJAX_ENTRY} is missing: reinstall django-static-mathjax.")
+  return source
+
+
+def _other_bundles(folder: str, names: list[str]) -> list[str]:
+  """The top-level combined bundles that the site does not load (the entry's parts stay)."""
+  if pathlib.Path(folder).name != "es5":
+    return []
+  return [n for n in names if n.endswith(".js") and n != MATHJAX_ENTRY]
+
+
+def on_post_build(config):
+  target = pathlib.Path(config["site_dir"]) / MATHJAX_DIR
+  if target.exists():
+    shutil.rmtree(target)
+  shutil.copytree(mathjax_source(), target, ignore=_other_bundles)

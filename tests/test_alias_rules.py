@@ -1,0 +1,255 @@
+"""What stiefel_adamw promises a new user: the rate reaches the frames by one rule, the
+frames are given once, and no mistake is silent (under jit included)."""
+
+import functools
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import stiefax
+from tests.kernels import D
+from tests.kernels import H
+from tests.kernels import R
+from tests.kernels import kernel
+
+OFF = "not on the Stiefel manifold: max"
+
+
+def _model(rng, dtype=np.float32):
+  return {
+    "attn": {
+      "query": {"kernel": kernel(rng, dtype=dtype)},
+      "key": {"kernel": kernel(rng, dtype=dtype)},
+    },
+    "dense": {"kernel": jnp.asarray(rng.standard_normal((D, 5)), dtype)},
+  }
+
+
+def _grads(rng, params, scale=1.0):
+  return jax.tree.map(lambda x: jnp.asarray(scale * rng.standard_normal(x.shape), x.dtype), params)
+
+
+def _norm(x):
+  return float(jnp.linalg.norm(x))
+
+
+# ---------------------------------------------------------------------------
+# One rule for the frames' rate.
+# ---------------------------------------------------------------------------
+
+
+def test_warmup_schedule_at_rate_zero_gives_zero_frame_update(rng):
+  params = _model(rng)
+  grads = _grads(rng, params)
+  sched = optax.warmup_cosine_decay_schedule(0.0, 1e-3, 10, 100)
+  tx = stiefax.stiefel_adamw(sched, 0.05, peak_learning_rate=1e-3)
+  state = tx.init(params)
+  u, state = tx.update(grads, state, params)
+  assert bool(jnp.all(u["attn"]["query"]["kernel"] == 0))
+  assert bool(jnp.all(u["dense"]["kernel"] == 0))
+  # Step 1 of the warm-up: both move, the frames at a tenth of their peak rate.
+  u, _ = tx.update(grads, state, params)
+  assert _norm(u["attn"]["query"]["kernel"]) > 0 and _norm(u["dense"]["kernel"]) > 0
+
+
+def test_schedule_shape_reaches_the_frames_at_their_own_scale(x64, rng):
+  """frame_rate(t) = stiefel_learning_rate * lr(t) / peak: as riemannian_adam(that)."""
+  params = _model(rng, np.float64)
+  grads = [_grads(rng, params) for _ in range(3)]
+  sched = optax.linear_schedule(2e-3, 0.0, 4)
+  tx = stiefax.stiefel_adamw(sched, 0.0, stiefel_learning_rate=0.05, peak_learning_rate=2e-3)
+  want = stiefax.riemannian_adam(optax.linear_schedule(0.05, 0.0, 4))
+  q = params["attn"]["query"]["kernel"]
+  state, wstate = tx.init(params), want.init(q)
+  for g in grads:
+    u, state = tx.update(g, state, params)
+    uq, wstate = want.update(g["attn"]["query"]["kernel"], wstate, q)
+    np.testing.assert_allclose(u["attn"]["query"]["kernel"], uq, atol=1e-12)
+
+
+def test_a_schedule_or_an_array_without_its_peak_is_an_error():
+  with pytest.raises(ValueError, match=r"is a schedule.*needs peak_learning_rate"):
+    stiefax.stiefel_adamw(optax.constant_schedule(1e-3))
+  with pytest.raises(ValueError, match=r"is an array.*inject_hyperparams"):
+    optax.inject_hyperparams(stiefax.stiefel_adamw)(learning_rate=1e-3).init(
+      {"query": {"kernel": jnp.zeros((4, 1, 2))}}
+    )
+  with pytest.raises(ValueError, match="ready transform with its own rate"):
+    stiefax.stiefel_adamw(1e-3, stiefel=stiefax.riemannian_adam(), stiefel_learning_rate=0.5)
+
+
+def test_inject_hyperparams_changes_the_frames_rate(rng):
+  params = _model(rng)
+  grads = _grads(rng, params)
+  tx = optax.inject_hyperparams(stiefax.stiefel_adamw)(
+    learning_rate=1e-3, weight_decay=0.0, peak_learning_rate=1e-3
+  )
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+
+  def frame_step(lr):
+    s = state._replace(hyperparams={**state.hyperparams, "learning_rate": jnp.asarray(lr)})
+    u, _ = update(grads, s, params)
+    return _norm(u["attn"]["query"]["kernel"]), _norm(u["dense"]["kernel"])
+
+  # Rate 0 stops the frames (and the rest).
+  assert frame_step(0.0) == (0.0, 0.0)
+  # The cap tau sqrt(r) = 0.2 binds at the full rate (a first step has norm ~eta_R
+  # per frame) but not at 5% and 10% of it: there the step is proportional.
+  full, half, tenth = frame_step(1e-3), frame_step(5e-5), frame_step(1e-4)
+  assert half[0] < tenth[0] < full[0]
+  assert tenth[0] / half[0] == pytest.approx(2.0, rel=1e-3)
+  assert tenth[1] / half[1] == pytest.approx(2.0, rel=1e-3)
+
+
+def test_a_factory_follows_the_rule(rng):
+  params = _model(rng)
+  grads = _grads(rng, params)
+  sched = optax.warmup_constant_schedule(0.0, 1e-3, 5)
+  tx = stiefax.stiefel_adamw(
+    sched, stiefel=functools.partial(stiefax.riemannian_adam, eps=1e-3), peak_learning_rate=1e-3
+  )
+  u, _ = tx.update(grads, tx.init(params), params)
+  assert bool(jnp.all(u["attn"]["query"]["kernel"] == 0))
+
+
+# ---------------------------------------------------------------------------
+# Frames given once.
+# ---------------------------------------------------------------------------
+
+
+def _llama(rng, heads=2, r=4, d=12):
+  init = stiefax.flax.orthonormal_init(stiefax.FrameSpec(split=(1, (heads, r))))
+  keys = jax.random.split(jax.random.key(0), 3)
+  return {
+    "self_attn": {
+      "q_proj": {"kernel": init(keys[0], (d, heads * r))},
+      "k_proj": {"kernel": init(keys[1], (d, heads * r))},
+      "v_proj": {"kernel": jax.random.normal(keys[2], (d, heads * r)) / 4},
+    }
+  }
+
+
+def test_frames_given_once_train_a_llama_layout(rng):
+  params = _llama(rng)
+  x = jnp.asarray(rng.standard_normal((5, 12)), jnp.float32)
+
+  def loss(p):
+    a = p["self_attn"]
+    q, k, v = (x @ a[n]["kernel"] for n in ("q_proj", "k_proj", "v_proj"))
+    return jnp.sum(jax.nn.softmax(q @ k.T) @ v)
+
+  frames = stiefax.flax.qk_frames(head_dim=4)
+  tx = stiefax.stiefel_adamw(1e-2, frames=frames, stiefel=stiefax.riemannian_adam(1.0))
+  state = tx.init(params)
+  step = jax.jit(lambda p, s: tx.update(jax.grad(loss)(p), s, p))
+  for _ in range(5):
+    u, state = step(params, state)
+    params = optax.apply_updates(params, u)
+  assert float(stiefax.diagnostics.isometry_error(params, frames=frames)) < 1e-5
+  # Without frames anywhere, the error says what to give (the head size), not "off the
+  # manifold".
+  with pytest.raises(ValueError, match=r"head count cannot be.*head_dim"):
+    stiefax.stiefel_adamw(1e-2, stiefel=stiefax.riemannian_adam(1.0)).init(params)
+  # Given twice and different: refused.
+  with pytest.raises(ValueError, match="frames are given twice and differ"):
+    stiefax.stiefel_adamw(
+      1e-2, frames=frames, stiefel=stiefax.riemannian_adam(frames=stiefax.FrameSpec())
+    )
+  # A factory gets the frames too.
+  tx = stiefax.stiefel_adamw(1e-2, frames=frames, stiefel=stiefax.riemannian_sgd)
+  tx.update(jax.grad(loss)(params), tx.init(params), params)
+
+
+# ---------------------------------------------------------------------------
+# The on-manifold check under jit.
+# ---------------------------------------------------------------------------
+
+
+def test_jitted_init_refuses_params_off_the_manifold(rng):
+  params = _model(rng)
+  params["attn"]["key"]["kernel"] = params["attn"]["key"]["kernel"] * 1.2
+  tx = stiefax.stiefel_adamw(1e-3)
+  with pytest.raises(ValueError, match=OFF) as eager:
+    tx.init(params)
+  with pytest.raises(Exception, match=OFF) as jitted:
+    jax.block_until_ready(jax.jit(tx.init)(params))
+  # The same message, with the same path and error.
+  assert str(eager.value) in str(jitted.value)
+  # Control: on the manifold, the jitted init returns the eager state.
+  params["attn"]["key"]["kernel"] = params["attn"]["key"]["kernel"] / 1.2
+  state = jax.jit(tx.init)(params)
+  assert jax.tree.structure(state) == jax.tree.structure(tx.init(params))
+
+
+class _Attn(nnx.Module):
+  def __init__(self, rngs, kernel_init):
+    self.attn = nnx.MultiHeadAttention(
+      num_heads=2, in_features=8, qkv_features=8, decode=False, rngs=rngs, kernel_init=kernel_init
+    )
+
+  def __call__(self, x):
+    return self.attn(x)
+
+
+def test_nnx_jit_optimizer_refuses_params_off_the_manifold():
+  tx = stiefax.stiefel_adamw(1e-3)
+  make = nnx.jit(lambda m: nnx.Optimizer(m, tx, wrt=nnx.Param))
+  off = _Attn(nnx.Rngs(0), nnx.initializers.lecun_normal())
+  with pytest.raises(Exception, match=OFF):
+    jax.block_until_ready(make(off))
+  on = _Attn(nnx.Rngs(0), stiefax.flax.orthonormal_init())
+  assert isinstance(make(on), nnx.Optimizer)
+
+
+# ---------------------------------------------------------------------------
+# Never silent.
+# ---------------------------------------------------------------------------
+
+
+def test_project_params_without_frames_says_what_stiefel_adamw_says():
+  tree = {"mlp": {"kernel": jnp.ones((4, 4))}}
+  with pytest.raises(ValueError) as opt:
+    stiefax.stiefel_adamw(1e-3).init(tree)
+  with pytest.raises(ValueError) as proj:
+    stiefax.flax.project_params(tree)
+  assert str(proj.value) == str(opt.value).replace("stiefel_adamw:", "project_params:", 1)
+  assert "no parameter is labelled 'stiefel'" in str(proj.value)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_a_gradient_of_the_wrong_shape_names_its_path(rng, jit):
+  params = _model(rng)
+  tx = stiefax.stiefel_adamw(1e-3)
+  grads = _grads(rng, params)
+  for where, bad in ((("attn", "query"), (H, D, R)), (("dense",), (5, D))):
+    g = jax.tree.map(lambda x: x, grads)
+    node = g
+    for k in where:
+      node = node[k]
+    node["kernel"] = jnp.zeros(bad)
+    update = jax.jit(tx.update) if jit else tx.update
+    want = rf"\['{where[-1]}'\]\['kernel'\] has shape \({bad[0]}, .* but its parameter has shape"
+    with pytest.raises(ValueError, match=want):
+      update(g, tx.init(params), params)
+  # The transforms say it too.
+  w = params["attn"]["query"]["kernel"]
+  with pytest.raises(ValueError, match=r"riemannian_adam: the update at <root> has shape"):
+    stiefax.riemannian_adam().update(jnp.zeros((H, D, R)), stiefax.riemannian_adam().init(w), w)
+
+
+def test_a_scheduled_stiefel_learning_rate_multiplies_the_rule(rng):
+  params = _model(rng)
+  grads = _grads(rng, params)
+  frames_sched = optax.linear_schedule(0.0, 0.1, 10)  # the frames' own warm-up
+  tx = stiefax.stiefel_adamw(1e-3, stiefel_learning_rate=frames_sched)
+  u, _ = tx.update(grads, tx.init(params), params)
+  assert bool(jnp.all(u["attn"]["query"]["kernel"] == 0))
+  assert _norm(u["dense"]["kernel"]) > 0
+  tx = stiefax.stiefel_adamw(0.0)  # a zero rate is a zero rate for the frames too
+  u, _ = tx.update(grads, tx.init(params), params)
+  assert all(float(jnp.max(jnp.abs(x))) == 0.0 for x in jax.tree.leaves(u))
