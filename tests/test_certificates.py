@@ -196,7 +196,9 @@ def test_the_documented_tables_list_the_registered_certificates_in_order():
   registered = [(e.name, e.proposition) for e in ENTRIES]
   docs = (ROOT / "docs" / "reproduction.md").read_text()
   assert _table_rows(docs, "$ stiefax certify", "checks pass") == registered
-  assert _table_rows(certificates.__doc__, "=====", "Example:") == registered
+  # The measured table lives in the docs only; the docstring points to it.
+  assert "docs/reproduction.md" in certificates.__doc__
+  assert not re.search(r"\d\.\de[-+]\d\d", certificates.__doc__)  # no measured residual
 
 
 def test_the_registry_rejects_a_second_name_and_a_missing_vacuous(monkeypatch):
