@@ -22,6 +22,9 @@ from tests.multiprocess_harness import load
 from tests.multiprocess_harness import max_diff
 from tests.multiprocess_harness import start
 
+# Slow: the same paths as the default suite at full size (python -m pytest -m slow).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def restored(multiprocess_runs):

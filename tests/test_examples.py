@@ -21,7 +21,8 @@ SCRIPTS = (
 _SCI = re.compile(r"([0-9.]+e[-+][0-9]+)")
 # The module fixture starts every script at once: on a loaded 2-core machine their
 # start-up alone can pass the suite's 300 s default.
-pytestmark = pytest.mark.timeout(900)
+# Slow: every example script at its full size (python -m pytest -m slow).
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 
 def isometry_errors(name, text):

@@ -505,6 +505,7 @@ def test_a_crashed_run_resumes_from_its_last_periodic_checkpoint(
     np.testing.assert_allclose(resumed["history"][k], v, rtol=1e-6, atol=1e-7, err_msg=k)
 
 
+@pytest.mark.slow
 def test_vmapped_seeds_match_separate_runs_and_resume(
   tiny_runs, tmp_path, tiny_preset, monkeypatch, capsys
 ):
@@ -648,6 +649,7 @@ def test_sigma_state_advances_each_step_and_evaluation_reads_it():
   assert float(evaluate(stale, data)["train_loss"]) != float(ev["train_loss"])  # it reads u
 
 
+@pytest.mark.slow
 def test_a_sigma_run_resumes_to_the_uninterrupted_result(
   attention_runs, tmp_path, tiny_preset, monkeypatch, capsys
 ):
@@ -668,6 +670,7 @@ def test_a_sigma_run_resumes_to_the_uninterrupted_result(
     np.testing.assert_array_equal(resumed["history"][k], v, err_msg=k)
 
 
+@pytest.mark.slow
 def test_sigma_seeds_vmapped_match_separate_runs(attention_runs):
   config = dataclasses.replace(TINY, epochs=40)
   runs = grok.train_seeds(config, "A2-sigma", [0, 1], progress=False, vmap=True)
@@ -732,6 +735,7 @@ def _stiefax_process(tmp_path, *argv):
   )
 
 
+@pytest.mark.slow
 def test_two_processes_on_one_out_keep_every_run(tmp_path):
   out = tmp_path / "R"
   argv = [
