@@ -3,9 +3,9 @@
 Trains the digits patch model (``stiefax patches``' encoder, d=16) with
 ``optax.adamw(linear_schedule(lr, 0, T), weight_decay)`` on minibatches, records the
 effective learning rate of the MLP input kernel with
-:func:`stiefax.covariance.effective_learning_rate` at every step (the statistic of
+:func:`stiefax.elr.effective_learning_rate` at every step (the statistic of
 ``update_summary``), Adam's update RMS and the weight RMS, and compares them with
-:func:`stiefax.covariance.reference_elr_schedule`. Prints the fit and, with
+:func:`stiefax.elr.reference_elr_schedule`. Prints the fit and, with
 ``--plot PATH``, draws the curves.
 
     python -m benchmarks.elr_reference [--steps 400] [--plot docs/img/elr_reference.png]

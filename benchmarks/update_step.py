@@ -4,7 +4,7 @@ Both run on the same parameter tree (query and key kernels of one shape) in the 
 process, jitted; the optimizers take turns (``--reps`` rounds of 5 calls each, after
 warm-up) and each figure is the median over rounds. Prints a table of
 milliseconds, ratios to AdamW, and optimizer-state bytes per frame, then one summary
-line. The row ``B2 chain`` is ``riemannian_adam(fused=False)``: the literal chain of
+line. The row ``B2 chain`` is ``riemannian_adam(1.0, fused=False)``: the literal chain of
 transforms, for the gain of the fused default. ``--family`` adds the Stiefel optimizer
 family: B2 with the QR and Cayley retractions, ``stiefax.manifold_muon`` and
 ``optax.contrib.muon`` (unconstrained, the same kernels).
@@ -42,8 +42,8 @@ def family(frames):
   row, cols, _ = frames.axes(4 if frames.row_axis == 1 else 3)
   dims = optax.contrib.MuonDimensionNumbers(reduction_axis=row, output_axis=cols)
   return {
-    "B2 retraction=qr": stiefax.riemannian_adam(retraction="qr", frames=frames),
-    "B2 retraction=cayley": stiefax.riemannian_adam(retraction="cayley", frames=frames),
+    "B2 retraction=qr": stiefax.riemannian_adam(1.0, retraction="qr", frames=frames),
+    "B2 retraction=cayley": stiefax.riemannian_adam(1.0, retraction="cayley", frames=frames),
     "manifold_muon": stiefax.manifold_muon(0.05, frames=frames),
     "optax muon": optax.contrib.muon(
       0.02, muon_weight_dimension_numbers=lambda p: jax.tree.map(lambda _: dims, p)
@@ -62,9 +62,9 @@ def bench_shape(shape, frames, methods, reps, with_family=False):
   for method in methods:
     with warnings.catch_warnings():
       warnings.simplefilter("ignore", RuntimeWarning)
-      txs[f"B2 polar={method}"] = stiefax.riemannian_adam(polar=method, frames=frames)
+      txs[f"B2 polar={method}"] = stiefax.riemannian_adam(1.0, method=method, frames=frames)
     if method == "auto":
-      txs["B2 chain"] = stiefax.riemannian_adam(frames=frames, fused=False)
+      txs["B2 chain"] = stiefax.riemannian_adam(1.0, frames=frames, fused=False)
   if with_family:
     txs.update(family(frames))
   calls, state_bytes = {}, {}

@@ -51,7 +51,7 @@ def stiefax_ms(shape, reps, loop_steps=100):
   frames = stiefax.FrameSpec(row_axis=1)
   w = stiefax.flax.orthonormal_init(frames)(jax.random.key(0), shape)
   g = jax.random.normal(jax.random.key(1), shape)
-  tx = stiefax.riemannian_adam(frames=frames)
+  tx = stiefax.riemannian_adam(1.0, frames=frames)
 
   def step(w, state, g):
     u, state = tx.update(g, state, w)

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import optax
 
 import stiefax
-from stiefax.flax import path_names
+from stiefax.layouts import path_names
 
 D_IN, D, H, R, LAYERS, POOL_R, CLASSES, SEQ = 48, 32, 4, 8, 3, 4, 4, 8
 
@@ -134,7 +134,7 @@ def main():
   tx = stiefax.stiefel_adamw(
     args.lr,
     weight_decay=0.01,
-    stiefel=stiefax.riemannian_adam(frames=frames),  # one FrameSpec per leaf
+    stiefel=stiefax.riemannian_adam(1.0, frames=frames),  # one FrameSpec per leaf
     labels=labels,
   )
   opt_state = tx.init(params)

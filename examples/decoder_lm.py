@@ -151,7 +151,7 @@ def value_slices(params):
   """The AdamW-trained value slices of the fused weights, as (heads, d, r) frames."""
   out = []
   for path, w in jax.tree_util.tree_flatten_with_path(params)[0]:
-    names = stiefax.flax.path_names(path)
+    names = stiefax.layouts.path_names(path)
     if names[-2:] in (("kv_einsum", "w"), ("qkv_einsum", "w")):
       out.append(w[-1])  # the v slice: (kv_heads, d, r)
   return jnp.concatenate(out).astype(jnp.float32)
@@ -197,9 +197,9 @@ def main():
     peak_learning_rate=args.lr,
   )
   state = tx.init(params)  # eager: checks that every bfloat16 frame is orthonormal
-  labels = stiefax.flax.qk_labels(params)
+  labels = stiefax.layouts.qk_labels(params)
   n_frames = sum(
-    math.prod(stiefax.flax.qk_frames()(p, w).batch_shape(w.shape))
+    math.prod(stiefax.layouts.qk_frames()(p, w).batch_shape(w.shape))
     for (p, w), lab in zip(jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(labels))
     if lab == "stiefel"
   )
@@ -230,7 +230,9 @@ def main():
     x, y = batch(jax.random.key(123), held_out, 64)
     return loss_fn(params, x, y) / math.log(2)
 
-  isometry_error = jax.jit(lambda p: stiefax.diagnostics.isometry_error(p, stiefax.flax.qk_labels))
+  isometry_error = jax.jit(
+    lambda p: stiefax.diagnostics.isometry_error(p, stiefax.layouts.qk_labels)
+  )
 
   def isometry(params):
     return float(isometry_error(params))

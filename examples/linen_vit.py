@@ -75,7 +75,7 @@ def main():
   params = model.init(jax.random.key(2), x_train[:1])
 
   # The three-line drop-in: snap W_Q, W_K onto St(d, r), one optimizer for the model.
-  params = stiefax.flax.project_params(params, stiefax.flax.qk_labels)
+  params = stiefax.flax.project_params(params, stiefax.layouts.qk_labels)
   # The frames' Riemannian rate follows the same warm-up and cosine, scaled to 1.0 at
   # the peak: frame_rate(t) = 1.0 * lr(t) / peak_learning_rate.
   tx = stiefax.stiefel_adamw(
@@ -106,7 +106,7 @@ def main():
     key, sub = jax.random.split(key)
     params, opt_state, loss = train_step(params, opt_state, sub)
     if step % report_every == 0 or step == args.steps:
-      iso = stiefax.diagnostics.isometry_error(params, stiefax.flax.qk_labels)
+      iso = stiefax.diagnostics.isometry_error(params, stiefax.layouts.qk_labels)
       print(
         f"step {step:>5}  loss {float(loss):.4f}  test acc {float(accuracy(params)):.3f}"
         f"  isometry error {float(iso):.1e}",

@@ -221,7 +221,7 @@ def frame_specs(params, layout: str):
   rows = "data" if layout in ("fsdp", "both", "gather", "fsdp-perturbed") else None
 
   def spec(path, leaf):
-    names = stiefax.flax.path_names(path)
+    names = stiefax.layouts.path_names(path)
     if names[-2:] == ("q_einsum", "w"):  # (H, d, r): heads, rows, columns
       return P(heads, rows, None)
     if names[-2:] == ("kv_einsum", "w"):  # (2, K, d, r): k/v, heads, rows, columns
@@ -244,7 +244,7 @@ def train(args, layout, mesh, model, config, host_params):
 
   batch_size = 8
   lead = jax.process_index() == 0
-  labels = stiefax.flax.qk_labels(host_params)
+  labels = stiefax.layouts.qk_labels(host_params)
   shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), frame_specs(host_params, layout))
   replicated = NamedSharding(mesh, P())
   batch_sharding = NamedSharding(mesh, P("data", None))
@@ -295,7 +295,7 @@ def train(args, layout, mesh, model, config, host_params):
 
   def perturbed(updates, row_scale):
     def leaf(path, u):
-      names = stiefax.flax.path_names(path)
+      names = stiefax.layouts.path_names(path)
       if names[-2:] == ("q_einsum", "w"):
         return u * row_scale[None, :, None]
       if names[-2:] == ("kv_einsum", "w"):

@@ -95,7 +95,7 @@ def main():
 
   def isometry(model):
     params = nnx.as_pure(nnx.state(model, nnx.Param))
-    return float(stiefax.diagnostics.isometry_error(params, stiefax.flax.qk_labels))
+    return float(stiefax.diagnostics.isometry_error(params, stiefax.layouts.qk_labels))
 
   print(f"initial isometry error of the query/key frames: {isometry(model):.1e}")
   start = time.perf_counter()

@@ -72,7 +72,7 @@ def main():
   print(f"{'arm':<28} {'first loss':>10} {'last loss':>10} {'isometry error':>15}")
   for name, (tx, p0) in arms.items():
     p, losses = train(tx, p0, model, x, y, args.steps)
-    iso = stiefax.diagnostics.isometry_error(p, stiefax.flax.qk_labels)
+    iso = stiefax.diagnostics.isometry_error(p, stiefax.layouts.qk_labels)
     print(f"{name:<28} {float(losses[0]):>10.4f} {float(losses[-1]):>10.4f} {float(iso):>15.2e}")
 
 

@@ -80,8 +80,8 @@ def main():
 
   model = Classifier()
   x0, _ = batch(jax.random.key(0))
-  params = stiefax.flax.project_params(model.init(jax.random.key(1), x0), stiefax.flax.qk_labels)
-  labels = stiefax.flax.qk_labels(params)
+  params = stiefax.flax.project_params(model.init(jax.random.key(1), x0), stiefax.layouts.qk_labels)
+  labels = stiefax.layouts.qk_labels(params)
 
   # Query/key kernels (d_model, heads, head_dim): heads split across the mesh. The
   # rest of this small model is replicated (shard it as your model needs).

@@ -3,24 +3,39 @@
 Query/key projections (and any other "routing" matrix) kept on
 ``St(d, r) = {W : W^T W = I_r}`` and trained with a scale-free, step-capped
 Riemannian Adam, built from small composable Optax transforms.
+
+The package's top level is its public face: the frame view, the transforms, their
+states, the optimizers and the names of their choices. Everything else has one home,
+a documented submodule: :mod:`stiefax.geometry`, :mod:`stiefax.layouts`,
+:mod:`stiefax.labels`, :mod:`stiefax.flax`, :mod:`stiefax.diagnostics`,
+:mod:`stiefax.covariance`, :mod:`stiefax.elr`, :mod:`stiefax.sphere`,
+:mod:`stiefax.muon` and :mod:`stiefax.certificates`.
 """
 
 from stiefax import certificates
 from stiefax import covariance
 from stiefax import diagnostics
+from stiefax import elr
 from stiefax import flax
 from stiefax import geometry
 from stiefax import labels
+from stiefax import layouts
 from stiefax import muon
+from stiefax import sphere
+from stiefax._matrix import POLAR_METHODS
 from stiefax.alias import MOMENTS
 from stiefax.alias import FramesAndRestState
 from stiefax.alias import riemannian_adam
 from stiefax.alias import riemannian_sgd
 from stiefax.alias import stiefel_adamw
+from stiefax.frames import FramesLike
 from stiefax.frames import FrameSpec
-from stiefax.geometry import POLAR_METHODS
 from stiefax.muon import ManifoldMuonState
 from stiefax.muon import manifold_muon
+from stiefax.projections import canonical_gradient
+from stiefax.projections import grassmann_project
+from stiefax.projections import step_norm_cap
+from stiefax.projections import stiefel_project
 from stiefax.sphere import hyperball_adam
 from stiefax.sphere import sphere_project
 from stiefax.sphere import sphere_retract
@@ -29,19 +44,16 @@ from stiefax.transforms import RETRACTIONS
 from stiefax.transforms import ElementwiseMomentState
 from stiefax.transforms import PolarRetractState
 from stiefax.transforms import ScalarMomentState
-from stiefax.transforms import canonical_gradient
 from stiefax.transforms import elementwise_moment
-from stiefax.transforms import grassmann_project
 from stiefax.transforms import polar_retract
 from stiefax.transforms import retract
 from stiefax.transforms import scalar_moment
-from stiefax.transforms import step_norm_cap
-from stiefax.transforms import stiefel_project
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
   "FrameSpec",
+  "FramesLike",
   "stiefel_project",
   "grassmann_project",
   "canonical_gradient",
@@ -69,8 +81,11 @@ __all__ = [
   "geometry",
   "muon",
   "flax",
+  "layouts",
   "labels",
   "diagnostics",
   "covariance",
+  "elr",
+  "sphere",
   "certificates",
 ]

@@ -1,4 +1,4 @@
-"""The scalar-moment Riemannian Adam in one pass per frame (``riemannian_adam(fused=True)``).
+"""The scalar-moment Riemannian Adam in one pass per frame (``riemannian_adam(1.0, fused=True)``).
 
 The chain ``projector -> scalar_moment -> scale_by_learning_rate -> step_norm_cap ->
 retraction`` computed leaf by leaf with shared products
@@ -21,7 +21,7 @@ from stiefax import _routing
 from stiefax import geometry
 from stiefax._routing import expand
 from stiefax.frames import FramesLike
-from stiefax.frames import checked_frames
+from stiefax.layouts import checked_frames
 from stiefax.transforms import PolarRetractState
 from stiefax.transforms import ScalarMomentState
 
@@ -51,7 +51,7 @@ def fused_scalar_adam(
   eps: Any,
   max_norm: Any,
   projector: str,
-  polar: str,
+  method: str,
   step_bound: Any,
   retraction: str,
   frames: FramesLike,
@@ -115,7 +115,7 @@ def fused_scalar_adam(
         wf,
         expand(coef) * m,
         retraction=retraction,
-        method=polar,
+        method=method,
         step_bound=step_bound,
         sq_norm=coef * coef * m_sq,
       )

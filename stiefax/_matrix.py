@@ -13,7 +13,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-#: The polar methods accepted by :func:`polar` and :func:`stiefax.polar_retract`.
+#: Polar methods by name (``method=`` of :func:`polar`, :func:`stiefax.polar_retract`
+#: and the aliases); exported as ``stiefax.POLAR_METHODS``.
 POLAR_METHODS = ("auto", "newton_schulz", "eigh", "svd", "qdwh")
 
 #: Methods that call LAPACK-backed decompositions (see :func:`polar`).
@@ -282,7 +283,7 @@ def polar(a: jax.Array, method: str = "auto", *, step_bound: float | None = None
 
   Args:
     a: matrices ``(..., d, r)`` with ``r <= d`` and full column rank.
-    method: one of :data:`POLAR_METHODS`.
+    method: one of :data:`stiefax.POLAR_METHODS`.
     step_bound: optional ``tau`` with ``a = W + eta``, ``W`` on the manifold, ``eta``
       tangent and ``||eta||_F <= tau sqrt(r)`` (Proposition 6). It fixes the
       Newton-Schulz iteration count; other methods ignore it.

@@ -15,7 +15,6 @@ from typing import Any
 from typing import Callable
 from typing import Optional
 from typing import TypeVar
-import warnings
 import weakref
 
 import jax
@@ -190,37 +189,6 @@ def zeros_per_frame(spec: FrameSpec, w: Any, dtype: Any) -> jax.Array:
   first = view[index]
   assert first.shape == batch_shape, (first.shape, batch_shape)
   return jnp.zeros_like(first, dtype=dtype)
-
-
-_POSITIONAL_FRAMES = (
-  "stiefax.{name}: passing frames positionally is deprecated and stops working in the"
-  " next release; pass it by keyword, {name}(..., frames=...)."
-)
-
-
-def keyword_frames(position: int) -> Callable[[F], F]:
-  """Makes ``frames`` keyword-only, accepting the 0.1 positional spelling for one release.
-
-  In 0.1 the decorated factory took ``frames`` as its positional argument number
-  ``position``. Such a call still works, with a DeprecationWarning. At position 0 the
-  new first positional argument is a name (a string), so a non-string there is the
-  old ``frames``.
-  """
-
-  def wrap(fn: F) -> F:
-    @functools.wraps(fn)
-    def factory(*args: Any, **kwargs: Any) -> Any:
-      if len(args) > position and (position > 0 or not isinstance(args[0], str)):
-        if "frames" in kwargs:
-          raise TypeError(f"stiefax.{fn.__name__} got frames both by position and by keyword.")
-        warnings.warn(_POSITIONAL_FRAMES.format(name=fn.__name__), DeprecationWarning, stacklevel=2)
-        kwargs["frames"] = args[position]
-        args = args[:position] + args[position + 1 :]
-      return fn(*args, **kwargs)
-
-    return factory  # type: ignore[return-value]
-
-  return wrap
 
 
 def check_name(kind: str, name: Any, valid: tuple[str, ...]) -> None:

@@ -8,6 +8,7 @@ from typing import NamedTuple
 from typing import Optional
 from typing import Union
 
+import chex
 import jax
 import optax
 
@@ -15,21 +16,23 @@ from stiefax import _routing
 from stiefax import geometry
 from stiefax import transforms
 from stiefax._fused import fused_scalar_adam
-from stiefax.flax import qk_frames
 from stiefax.frames import FramesLike
 from stiefax.frames import FrameSpec
-from stiefax.frames import checked_frames
-from stiefax.labels import EUCLIDEAN_LABEL
-from stiefax.labels import STIEFEL_LABEL
+from stiefax.labels import LabelsLike
 from stiefax.labels import checked_labels
-from stiefax.labels import layout_of
-from stiefax.labels import path_names
+from stiefax.layouts import EUCLIDEAN_LABEL
+from stiefax.layouts import STIEFEL_LABEL
+from stiefax.layouts import checked_frames
+from stiefax.layouts import decay_mask
+from stiefax.layouts import layout_of
+from stiefax.layouts import path_names
+from stiefax.layouts import qk_frames
 from stiefax.projections import project
+from stiefax.projections import step_norm_cap
 
 __all__ = [
   "MOMENTS",
   "FramesAndRestState",
-  "decay_mask",
   "riemannian_adam",
   "riemannian_sgd",
   "stiefel_adamw",
@@ -41,15 +44,15 @@ MOMENTS = ("scalar", "elementwise")
 
 @_routing.rebuildable
 def riemannian_adam(
-  learning_rate: optax.ScalarOrSchedule = 1.0,
-  b1: float = 0.9,
-  b2: float = 0.999,
-  eps: float = 1e-8,
-  max_norm: Optional[float] = 0.1,
+  learning_rate: optax.ScalarOrSchedule,
   *,
+  b1: chex.Numeric = 0.9,
+  b2: chex.Numeric = 0.999,
+  eps: chex.Numeric = 1e-8,
+  max_norm: Optional[chex.Numeric] = 0.1,
   projector: str = "stiefel",
   moment: str = "scalar",
-  polar: str = "auto",
+  method: str = "auto",
   retraction: str = "polar",
   frames: FramesLike = FrameSpec(),
   mu_dtype: Any = None,
@@ -73,8 +76,8 @@ def riemannian_adam(
   rotates each frame by at most ``arctan(tau sqrt(r))`` (Proposition 6), and is
   ``O(d)``-equivariant (Proposition 7). The paper's arms:
 
-  * B2: ``riemannian_adam()`` (image task) or ``riemannian_adam(eps=1e-3)`` (grokking).
-  * Grassmann-projector R-Adam: ``riemannian_adam(projector="grassmann")``.
+  * B2: ``riemannian_adam(1.0)`` (image task) or ``riemannian_adam(1.0, eps=1e-3)`` (grokking).
+  * Grassmann-projector R-Adam: ``riemannian_adam(1.0, projector="grassmann")``.
   * elementwise ablation: ``riemannian_adam(0.03, moment="elementwise")``.
   * B2m: ``riemannian_adam(1e-3, moment="elementwise", max_norm=None)``; B2m-can adds
     ``projector="canonical"``.
@@ -94,7 +97,7 @@ def riemannian_adam(
   Example:
     >>> import jax, jax.numpy as jnp, optax, stiefax
     >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (16, 2, 4))
-    >>> tx = stiefax.riemannian_adam()
+    >>> tx = stiefax.riemannian_adam(1.0)
     >>> state = tx.init(w)
     >>> g = jax.random.normal(jax.random.key(1), w.shape)
     >>> updates, state = tx.update(g, state, w)
@@ -113,7 +116,7 @@ def riemannian_adam(
     projector: ``"stiefel"`` (eq. 3), ``"grassmann"`` (horizontal) or
       ``"canonical"`` (eq. 4).
     moment: ``"scalar"`` (one ``v`` per frame) or ``"elementwise"``.
-    polar: the retraction's method, see :func:`stiefax.polar_retract`.
+    method: the polar retraction's method, see :func:`stiefax.polar_retract`.
     retraction: ``"polar"`` (the paper's), ``"qr"`` or ``"cayley"``; see
       :func:`stiefax.retract`.
     frames: how each leaf is viewed as frames. Given as ``stiefel=`` to
@@ -148,11 +151,11 @@ def riemannian_adam(
     lr_tx,
   ]
   if max_norm is not None:
-    parts.append(transforms.step_norm_cap(max_norm, frames=frames))
+    parts.append(step_norm_cap(max_norm, frames=frames))
   # A static cap bounds the singular values of W + eta (Proposition 6), which fixes the
   # Newton-Schulz iteration count; a traced or absent cap iterates to convergence.
   bound = float(max_norm) if isinstance(max_norm, (int, float)) else None
-  parts.append(_retraction(frames, retraction, polar, bound, init_tol))
+  parts.append(_retraction(frames, retraction, method, bound, init_tol))
   chain = optax.chain(*parts)
   if not fused or moment != "scalar":
     return chain
@@ -164,7 +167,7 @@ def riemannian_adam(
     eps=eps,
     max_norm=max_norm,
     projector=projector,
-    polar=polar,
+    method=method,
     step_bound=bound,
     retraction=retraction,
     frames=frames,
@@ -174,21 +177,21 @@ def riemannian_adam(
 def _retraction(
   frames: FramesLike,
   retraction: str,
-  polar: str,
+  method: str,
   bound: Optional[float] = None,
   init_tol: Optional[float] = None,
 ) -> optax.GradientTransformation:
   if retraction == "polar":
-    return transforms.polar_retract(polar, frames=frames, step_bound=bound, init_tol=init_tol)
-  return transforms.retract(retraction, polar, frames=frames, step_bound=bound, init_tol=init_tol)
+    return transforms.polar_retract(method, frames=frames, step_bound=bound, init_tol=init_tol)
+  return transforms.retract(retraction, method, frames=frames, step_bound=bound, init_tol=init_tol)
 
 
 @_routing.rebuildable
 def riemannian_sgd(
-  learning_rate: optax.ScalarOrSchedule = 0.02,
+  learning_rate: optax.ScalarOrSchedule,
   *,
   projector: str = "grassmann",
-  polar: str = "auto",
+  method: str = "auto",
   retraction: str = "polar",
   frames: FramesLike = FrameSpec(),
   init_tol: Optional[float] = None,
@@ -202,7 +205,7 @@ def riemannian_sgd(
   Example:
     >>> import jax, optax, stiefax
     >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (16, 4))
-    >>> tx = stiefax.riemannian_sgd()
+    >>> tx = stiefax.riemannian_sgd(0.02)
     >>> u, _ = tx.update(jax.random.normal(jax.random.key(1), w.shape), tx.init(w), w)
     >>> bool(stiefax.diagnostics.isometry_error(optax.apply_updates(w, u)) < 1e-5)
     True
@@ -210,7 +213,7 @@ def riemannian_sgd(
   Args:
     learning_rate: the fixed step ``eta`` (a float or an Optax schedule).
     projector: ``"grassmann"`` (PA16), ``"stiefel"`` or ``"canonical"``.
-    polar: the retraction's method, see :func:`stiefax.polar_retract`.
+    method: the polar retraction's method, see :func:`stiefax.polar_retract`.
     retraction: ``"polar"``, ``"qr"`` or ``"cayley"``; see :func:`stiefax.retract`.
     frames: how each leaf is viewed as frames.
     init_tol: the largest ``max|W^T W - I|`` that ``init`` accepts (default
@@ -223,17 +226,8 @@ def riemannian_sgd(
   return optax.chain(
     project(projector, frames=frames),
     optax.scale_by_learning_rate(learning_rate),
-    _retraction(frames, retraction, polar, init_tol=init_tol),
+    _retraction(frames, retraction, method, init_tol=init_tol),
   )
-
-
-def decay_mask(params):
-  """The weight-decay mask of :func:`stiefel_adamw`: True on tensors of rank >= 2.
-
-  Matrices and kernels are decayed; biases, scales and other vectors are not (the
-  usual AdamW convention, as in ``optax.adamw(mask=...)``).
-  """
-  return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
 class FramesAndRestState(NamedTuple):
@@ -314,14 +308,14 @@ def _rest_leaves(rest_tree: Any, found: list) -> list:
 
 def stiefel_adamw(
   learning_rate: optax.ScalarOrSchedule,
-  weight_decay: float = 1e-4,
   *,
-  b1: float = 0.9,
-  b2: float = 0.999,
-  eps: float = 1e-8,
+  weight_decay: chex.Numeric = 1e-4,
+  b1: chex.Numeric = 0.9,
+  b2: chex.Numeric = 0.999,
+  eps: chex.Numeric = 1e-8,
   stiefel: Union[optax.GradientTransformation, Callable[..., Any], None] = None,
-  labels: Any = None,
-  frames: Optional[FramesLike] = None,
+  labels: LabelsLike = None,
+  frames: FramesLike = None,
   stiefel_learning_rate: Optional[optax.ScalarOrSchedule] = None,
   peak_learning_rate: Optional[float] = None,
 ) -> optax.GradientTransformation:
@@ -331,8 +325,8 @@ def stiefel_adamw(
 
   * ``"stiefel"``: ``stiefel`` (default :func:`riemannian_adam`, the paper's B2) on
     the labelled frames (by default the query/key weights found by
-    :func:`stiefax.flax.qk_labels`, viewed as frames by
-    :func:`stiefax.flax.qk_frames`);
+    :func:`stiefax.layouts.qk_labels`, viewed as frames by
+    :func:`stiefax.layouts.qk_frames`);
   * ``"adamw"``: ``optax.adamw(learning_rate, b1, b2, eps, weight_decay)`` on every
     other parameter, with decay on tensors of rank >= 2 only.
 
@@ -370,7 +364,7 @@ def stiefel_adamw(
     >>> model = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8)
     >>> x = jnp.ones((1, 3, 8))
     >>> params = stiefax.flax.project_params(
-    ...     model.init(jax.random.key(0), x), stiefax.flax.qk_labels)
+    ...     model.init(jax.random.key(0), x), stiefax.layouts.qk_labels)
     >>> tx = stiefax.stiefel_adamw(1e-3, weight_decay=0.05)
     >>> state = tx.init(params)
     >>> grads = jax.grad(lambda p: jnp.sum(model.apply(p, x) ** 2))(params)
@@ -391,10 +385,10 @@ def stiefel_adamw(
       here; one built with other frames than ``frames`` is a ValueError.
     labels: a tree of ``"stiefel"`` / ``"adamw"`` labels matching the params, a
       callable ``params -> labels``, or ``None`` (default: the query/key weights
-      found by :func:`stiefax.flax.qk_labels`; a single array is one frame
+      found by :func:`stiefax.layouts.qk_labels`; a single array is one frame
       parameter; see :func:`stiefax.labels.resolve_labels`).
     frames: how each frame parameter is viewed as frames (default
-      :func:`stiefax.flax.qk_frames`, which reads each layout from its name; Dense
+      :func:`stiefax.layouts.qk_frames`, which reads each layout from its name; Dense
       layouts need ``qk_frames(head_dim=...)``). It also decides which entries of a
       partly selected parameter AdamW trains.
     stiefel_learning_rate: the frames' rate at the peak of ``learning_rate``

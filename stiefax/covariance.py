@@ -15,9 +15,8 @@ the rows of every frame) are instances; :func:`covariance_violation` measures
 :func:`left_rotation`, :func:`right_rotation`, :func:`rescale` and
 :func:`gradient_scale` build the actions.
 
-**Effective learning rate.** :func:`effective_learning_rate`, :func:`angular_update`,
-:func:`update_summary` and :func:`reference_elr_schedule` (defined in
-``stiefax.elr``) are re-exported here.
+The effective learning rate of an update (its radial and tangential parts) is in
+:mod:`stiefax.elr`.
 """
 
 from __future__ import annotations
@@ -26,23 +25,16 @@ import dataclasses
 from typing import Any
 from typing import Callable
 from typing import Optional
-import warnings
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from stiefax.elr import ELR
-from stiefax.elr import ReferenceELR
-from stiefax.elr import angular_update
-from stiefax.elr import effective_learning_rate
-from stiefax.elr import reference_elr_schedule
-from stiefax.elr import update_summary
 from stiefax.frames import FramesLike
 from stiefax.frames import FrameSpec
-from stiefax.frames import resolve_frames
-from stiefax.labels import STIEFEL_LABEL
 from stiefax.labels import label_mask
+from stiefax.layouts import STIEFEL_LABEL
+from stiefax.layouts import resolve_frames
 
 __all__ = [
   "Action",
@@ -51,24 +43,7 @@ __all__ = [
   "rescale",
   "gradient_scale",
   "covariance_violation",
-  "ELR",
-  "effective_learning_rate",
-  "angular_update",
-  "update_summary",
-  "reference_elr_schedule",
-  "ReferenceELR",
 ]
-
-
-def __getattr__(name: str) -> Any:
-  if name == "FRAMES_LABEL":
-    warnings.warn(
-      "stiefax.covariance.FRAMES_LABEL is deprecated; use stiefax.labels.STIEFEL_LABEL.",
-      DeprecationWarning,
-      stacklevel=2,
-    )
-    return STIEFEL_LABEL
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ----------------------------------------------------------------------------
@@ -189,7 +164,7 @@ def left_rotation(
       frames' batch shape (one per head, say).
     frames: how each leaf is viewed as frames.
     labels: which leaves to act on: ``None`` (default: the query/key weights found by
-      :func:`stiefax.flax.qk_labels`; a single array is acted on whole), a label tree
+      :func:`stiefax.layouts.qk_labels`; a single array is acted on whole), a label tree
       or a callable ``params -> labels`` (see :func:`stiefax.labels.resolve_labels`).
     label: the label of the leaves to act on.
 
@@ -235,7 +210,7 @@ def right_rotation(
       frames' batch shape.
     frames: how each leaf is viewed as frames.
     labels: which leaves to act on: ``None`` (default: the query/key weights found by
-      :func:`stiefax.flax.qk_labels`; a single array is acted on whole), a label tree
+      :func:`stiefax.layouts.qk_labels`; a single array is acted on whole), a label tree
       or a callable ``params -> labels`` (see :func:`stiefax.labels.resolve_labels`).
     label: the label of the leaves to act on.
 
@@ -272,7 +247,7 @@ def rescale(c: float, *, labels: Any = None, label: str = STIEFEL_LABEL) -> Acti
   Args:
     c: the factor, ``c > 0``.
     labels: which leaves to act on: ``None`` (default: the query/key weights found by
-      :func:`stiefax.flax.qk_labels`; a single array is acted on whole), a label tree
+      :func:`stiefax.layouts.qk_labels`; a single array is acted on whole), a label tree
       or a callable ``params -> labels`` (see :func:`stiefax.labels.resolve_labels`).
     label: the label of the leaves to act on.
 

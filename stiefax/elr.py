@@ -29,9 +29,9 @@ import numpy as np
 from stiefax._routing import per_leaf
 from stiefax.frames import FramesLike
 from stiefax.frames import FrameSpec
-from stiefax.frames import resolve_frames
-from stiefax.labels import STIEFEL_LABEL
 from stiefax.labels import label_mask
+from stiefax.layouts import STIEFEL_LABEL
+from stiefax.layouts import resolve_frames
 from stiefax.sphere import frame_axes
 
 __all__ = [
@@ -101,7 +101,7 @@ def effective_learning_rate(old: Any, new: Any, frames: Optional[FramesLike] = N
 
   Example:
     >>> import jax.numpy as jnp
-    >>> from stiefax.covariance import effective_learning_rate
+    >>> from stiefax.elr import effective_learning_rate
     >>> elr = effective_learning_rate(jnp.array([2.0, 0.0]), jnp.array([3.0, 1.0]))
     >>> float(elr.radial), float(elr.tangential)       # Delta = (1, 1), w = (2, 0)
     (0.5, 0.5)
@@ -132,7 +132,7 @@ def angular_update(old: Any, new: Any, frames: Optional[FramesLike] = None) -> A
 
   Example:
     >>> import jax.numpy as jnp
-    >>> from stiefax.covariance import angular_update
+    >>> from stiefax.elr import angular_update
     >>> round(float(angular_update(jnp.array([1.0, 0.0]), jnp.array([1.0, 1.0]))), 4)
     0.7854
 
@@ -159,7 +159,7 @@ def update_summary(
   """Effective learning rate per parameter group, as a flat dict of scalars.
 
   Leaves labelled ``label`` (by default the query/key weights found by
-  :func:`stiefax.flax.qk_labels`) are measured per frame with ``frames`` and form the
+  :func:`stiefax.layouts.qk_labels`) are measured per frame with ``frames`` and form the
   group ``"frames"``; every other leaf is measured
   as a whole and goes to ``"matrices"`` (rank >= 2) or ``"vectors"`` (rank <= 1).
   ``groups`` (a tree of group names like ``params``, or a callable
@@ -175,7 +175,7 @@ def update_summary(
 
   Example:
     >>> import jax.numpy as jnp
-    >>> from stiefax.covariance import update_summary
+    >>> from stiefax.elr import update_summary
     >>> old = {"kernel": jnp.ones((2, 2)), "bias": jnp.array([1.0, 0.0])}
     >>> new = {"kernel": 2 * jnp.ones((2, 2)), "bias": jnp.array([1.0, 0.1])}
     >>> s = update_summary(old, new)
@@ -188,7 +188,7 @@ def update_summary(
     old: parameters before the update.
     new: parameters after the update.
     labels: which leaves are frames: ``None`` (default: the query/key weights found by
-      :func:`stiefax.flax.qk_labels`; a single array is one frame parameter), a label
+      :func:`stiefax.layouts.qk_labels`; a single array is one frame parameter), a label
       tree or a callable ``params -> labels`` (see
       :func:`stiefax.labels.resolve_labels`).
     frames: how the labelled leaves are viewed as frames.
@@ -278,7 +278,7 @@ def reference_elr_schedule(
   are approximations.
 
   Example:
-    >>> from stiefax.covariance import reference_elr_schedule
+    >>> from stiefax.elr import reference_elr_schedule
     >>> ref = reference_elr_schedule(1e-3, 0.1, 1000, 0.02)
     >>> bool(ref.elr[0] > ref.elr[500] > ref.elr[-1] > 0)
     True

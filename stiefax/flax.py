@@ -1,13 +1,14 @@
-"""Flax integration: label trees, initializers, projection and the soft penalty.
+"""Flax integration: the orthonormal initializer, projection and the soft penalty.
 
 Flax linen ``MultiHeadDotProductAttention`` and ``nnx.MultiHeadAttention`` keep the
 query and key projections at paths ending in ``query/kernel`` and ``key/kernel`` with
 shape ``(d_model, num_heads, head_dim)``: the default :class:`stiefax.FrameSpec` views
-each as one ``St(d_model, head_dim)`` frame per head.
+each as one ``St(d_model, head_dim)`` frame per head. Which parameters are frames, and
+how each is viewed, is read from their names by :mod:`stiefax.layouts`.
 
 The three-line drop-in (linen params or ``nnx.Optimizer(model, tx, wrt=nnx.Param)``)::
 
-    params = stiefax.flax.project_params(params, stiefax.flax.qk_labels)
+    params = stiefax.flax.project_params(params, stiefax.layouts.qk_labels)
     tx = stiefax.stiefel_adamw(1e-3, weight_decay=0.05)
     opt_state = tx.init(params)
 """
@@ -16,144 +17,30 @@ from __future__ import annotations
 
 from typing import Any
 from typing import Callable
-from typing import Optional
 
+import chex
 import jax
 import jax.numpy as jnp
 
 from stiefax import geometry
 from stiefax.frames import FramesLike
 from stiefax.frames import FrameSpec
-from stiefax.frames import checked_frames
-from stiefax.labels import LAYOUTS
-from stiefax.labels import STIEFEL_LABEL
-from stiefax.labels import Layout
-from stiefax.labels import attention_like
-from stiefax.labels import layout_of
-from stiefax.labels import no_frames_message
-from stiefax.labels import path_names
-from stiefax.labels import qk_labels
+from stiefax.labels import LabelsLike
 from stiefax.labels import resolve_labels
+from stiefax.layouts import STIEFEL_LABEL
+from stiefax.layouts import checked_frames
+from stiefax.layouts import no_frames_message
+from stiefax.layouts import resolve_frames
 
-# The label helpers live in stiefax.labels (a leaf module); they are re-exported here,
-# their documented home for Flax users.
 __all__ = [
-  "LAYOUTS",
-  "Layout",
-  "qk_labels",
-  "qk_frames",
-  "attention_like",
   "orthonormal_init",
   "project_params",
   "orthogonality_penalty",
-  "path_names",
 ]
 
 
-def qk_frames(
-  *,
-  num_heads: Optional[int] = None,
-  num_kv_heads: Optional[int] = None,
-  head_dim: Optional[int] = None,
-) -> Callable[[Any, Any], FrameSpec]:
-  """The :class:`stiefax.FrameSpec` of each query/key weight, read from its name.
-
-  A ``frames=`` callable ``(path, leaf) -> FrameSpec`` for the layouts in
-  :data:`LAYOUTS` (one frame per head; value slices of fused weights are not
-  frames), and ``FrameSpec()`` for any other path:
-
-  | path ends in | shape | FrameSpec |
-  |---|---|---|
-  | ``query/kernel``, ``key/kernel`` | ``(d, H, r)`` | ``FrameSpec()`` |
-  | ``q_einsum/w`` | ``(H, d, r)`` | ``FrameSpec(row_axis=1)`` |
-  | ``kv_einsum/w`` | ``(2, K, d, r)`` | ``FrameSpec(row_axis=2, select=(0, (0,)))`` |
-  | ``qkv_einsum/w`` | ``(3, H, d, r)`` | ``FrameSpec(row_axis=2, select=(0, (0, 1)))`` |
-  | ``q_proj/kernel`` | ``(d, H r)`` | ``FrameSpec(split=(1, (H, -1)))`` |
-  | ``k_proj/kernel`` | ``(d, K r)`` | ``FrameSpec(split=(1, (K, -1)))`` |
-  | ``c_attn/kernel`` | ``(d, 3 H r)`` | ``FrameSpec(split=(1, (3, H, -1)), select=(1, (0, 1)))`` |
-
-  The Dense layouts (``q_proj``, ``k_proj``, ``c_attn``) do not show their head count
-  in their shape: give ``head_dim`` (one number for queries and keys, with or without
-  grouped-query attention), or ``num_heads`` and, for ``k_proj``, ``num_kv_heads``.
-  Without them those leaves raise a ValueError: the head count is never guessed.
-  A recognized name with another rank (e.g. layer-stacked) raises too; give such
-  weights your own ``FrameSpec``.
-
-  Example:
-    >>> import jax, jax.numpy as jnp, stiefax
-    >>> frames = stiefax.flax.qk_frames(head_dim=16)
-    >>> path = (jax.tree_util.DictKey("c_attn"), jax.tree_util.DictKey("kernel"))
-    >>> frames(path, jnp.zeros((128, 3 * 128)))
-    FrameSpec(row_axis=0, col_axes=(-1,), split=(1, (3, -1, 16)), select=(1, (0, 1)))
-
-  Args:
-    num_heads: query heads (``q_proj``, ``c_attn``).
-    num_kv_heads: key/value heads (``k_proj``).
-    head_dim: columns per head (all Dense layouts); overrides the head counts.
-
-  Returns:
-    A callable ``(path, leaf) -> FrameSpec`` to pass as ``frames=``.
-  """
-  for name, value in (
-    ("num_heads", num_heads),
-    ("num_kv_heads", num_kv_heads),
-    ("head_dim", head_dim),
-  ):
-    if value is not None and (not isinstance(value, int) or value < 1):
-      raise ValueError(f"qk_frames: {name} must be a positive int, got {value!r}.")
-
-  def heads_split(layout, path, leaf, count, count_name):
-    if head_dim is not None:
-      return (-1, head_dim)
-    if count is None:
-      raise ValueError(
-        f"The parameter at {_where(path)} (shape {tuple(jnp.shape(leaf))}) has the"
-        f" layout {layout.shape} of {layout.family}: its head count cannot be"
-        " read from its shape. Pass"
-        f" frames=stiefax.flax.qk_frames(head_dim=...) (or {count_name}=...) to"
-        " stiefel_adamw, project_params and isometry_error."
-      )
-    return (count, -1)
-
-  def frames(path, leaf):
-    names = path_names(path)
-    layout = layout_of(names)
-    if layout is None:
-      return FrameSpec()
-    key = (layout.module, layout.param)
-    if jnp.ndim(leaf) != layout.rank:
-      raise ValueError(
-        f"The parameter at {_where(path)} is named like a weight of {layout.family},"
-        f" {layout.shape}, but has shape {tuple(jnp.shape(leaf))}. Give its layout"
-        " with frames=stiefax.FrameSpec(...) (or a callable choosing one per path)."
-      )
-    if key in {("query", "kernel"), ("key", "kernel")}:
-      return FrameSpec()
-    if key == ("q_einsum", "w"):
-      return FrameSpec(row_axis=1)
-    if key == ("kv_einsum", "w"):
-      return FrameSpec(row_axis=2, select=(0, (0,)))
-    if key == ("qkv_einsum", "w"):
-      return FrameSpec(row_axis=2, select=(0, (0, 1)))
-    if key == ("q_proj", "kernel"):
-      return FrameSpec(split=(1, heads_split(layout, path, leaf, num_heads, "num_heads")))
-    if key == ("k_proj", "kernel"):
-      return FrameSpec(split=(1, heads_split(layout, path, leaf, num_kv_heads, "num_kv_heads")))
-    return FrameSpec(  # c_attn
-      split=(1, (3,) + heads_split(layout, path, leaf, num_heads, "num_heads")),
-      select=(1, (0, 1)),
-    )
-
-  return frames
-
-
-def _where(path: Any) -> str:
-  return "/".join(path_names(path)) or "<root>"
-
-
-def _map_labelled(fn: Callable, params: Any, labels: Any, label: str, frames: Optional[FramesLike]):
+def _map_labelled(fn: Callable, params: Any, labels: LabelsLike, label: str, frames: FramesLike):
   tree = resolve_labels(params, labels)
-  frames = qk_frames() if frames is None else frames
 
   def leaf(path, lab, w):
     if lab != label:
@@ -163,7 +50,7 @@ def _map_labelled(fn: Callable, params: Any, labels: Any, label: str, frames: Op
   return jax.tree_util.tree_map_with_path(leaf, tree, params)
 
 
-def orthonormal_init(frames: FrameSpec = FrameSpec()) -> Callable[..., jax.Array]:
+def orthonormal_init(frames: FramesLike = FrameSpec()) -> Callable[..., chex.Array]:
   """A ``jax.nn.initializers`` initializer that draws every frame orthonormal.
 
   Each ``d x r`` frame is the Q factor of a Gaussian matrix with the signs of
@@ -179,11 +66,15 @@ def orthonormal_init(frames: FrameSpec = FrameSpec()) -> Callable[..., jax.Array
     True
 
   Args:
-    frames: the :class:`stiefax.FrameSpec` of the parameters it initializes.
+    frames: the :class:`stiefax.FrameSpec` of the parameters it initializes
+      (``None``: :func:`stiefax.layouts.resolve_frames` at the root path, which is
+      ``FrameSpec()``).
 
   Returns:
     ``init(key, shape, dtype=jnp.float32) -> array``.
   """
+  if frames is None:
+    frames = resolve_frames(None, (), None)
   if not isinstance(frames, FrameSpec):
     raise ValueError(f"orthonormal_init needs a stiefax.FrameSpec, got {frames!r}.")
 
@@ -206,8 +97,8 @@ def orthonormal_init(frames: FrameSpec = FrameSpec()) -> Callable[..., jax.Array
 
 def project_params(
   params: Any,
-  labels: Any = None,
-  frames: Optional[FramesLike] = None,
+  labels: LabelsLike = None,
+  frames: FramesLike = None,
   *,
   label: str = STIEFEL_LABEL,
   method: str = "svd",
@@ -221,17 +112,18 @@ def project_params(
     >>> import jax, jax.numpy as jnp, flax.linen as nn, stiefax
     >>> attn = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8)
     >>> params = attn.init(jax.random.key(0), jnp.ones((1, 3, 8)))
-    >>> params = stiefax.flax.project_params(params, stiefax.flax.qk_labels)
-    >>> bool(stiefax.diagnostics.isometry_error(params, stiefax.flax.qk_labels) < 1e-5)
+    >>> params = stiefax.flax.project_params(params, stiefax.layouts.qk_labels)
+    >>> bool(stiefax.diagnostics.isometry_error(params, stiefax.layouts.qk_labels) < 1e-5)
     True
 
   Args:
     params: a parameter tree.
     labels: a label tree, a callable ``params -> labels``, or ``None`` (default: the
-      query/key weights found by :func:`qk_labels`; a single array is one frame
+      query/key weights found by :func:`stiefax.layouts.qk_labels`; a single array is one frame
       parameter; see :func:`stiefax.labels.resolve_labels`).
-    frames: how each labelled leaf is viewed as frames (default :func:`qk_frames`,
-      which reads the layout from the name).
+    frames: how each labelled leaf is viewed as frames (``None``:
+      :func:`stiefax.layouts.qk_frames`, which reads the layout from the name; see
+      :func:`stiefax.layouts.resolve_frames`).
     label: the label that marks frames.
     method: the polar method (default ``"svd"``: exact for any full-rank input).
 
@@ -258,11 +150,11 @@ def project_params(
 
 def orthogonality_penalty(
   params: Any,
-  labels: Any = None,
-  frames: Optional[FramesLike] = None,
+  labels: LabelsLike = None,
+  frames: FramesLike = None,
   *,
   label: str = STIEFEL_LABEL,
-) -> jax.Array:
+) -> chex.Array:
   """The soft-orthogonality penalty ``sum ||W^T W - I||_F^2`` (Bansal et al., 2018).
 
   Summed over the labelled frames: the paper's soft baseline (section 4.6), added to
@@ -278,10 +170,11 @@ def orthogonality_penalty(
   Args:
     params: a parameter tree.
     labels: a label tree, a callable ``params -> labels``, or ``None`` (default: the
-      query/key weights found by :func:`qk_labels`; a single array is one frame
+      query/key weights found by :func:`stiefax.layouts.qk_labels`; a single array is one frame
       parameter; see :func:`stiefax.labels.resolve_labels`).
-    frames: how each labelled leaf is viewed as frames (default :func:`qk_frames`,
-      which reads the layout from the name).
+    frames: how each labelled leaf is viewed as frames (``None``:
+      :func:`stiefax.layouts.qk_frames`, which reads the layout from the name; see
+      :func:`stiefax.layouts.resolve_frames`).
     label: the label that marks frames.
 
   Returns:

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["FrameSpec", "FramesLike", "resolve_frames", "checked_frames"]
+__all__ = ["FrameSpec", "FramesLike"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -415,90 +415,7 @@ def _inverse_permutation(perm: Sequence[int]) -> tuple[int, ...]:
   return tuple(inv)
 
 
-#: A FrameSpec, or a callable ``(key_path, array) -> FrameSpec`` choosing one per leaf.
-FramesLike = Union[FrameSpec, Callable[[Any, jax.Array], FrameSpec]]
-
-
-def resolve_frames(frames: FramesLike, path: Any, leaf: Any) -> FrameSpec:
-  """Returns the FrameSpec for one leaf.
-
-  Args:
-    frames: a :class:`FrameSpec`, or a callable ``(key_path, leaf) -> FrameSpec``.
-    path: the leaf's key path (as given by ``jax.tree_util.tree_map_with_path``).
-    leaf: the array.
-
-  Returns:
-    The :class:`FrameSpec` for this leaf.
-  """
-  if isinstance(frames, FrameSpec):
-    return frames
-  if callable(frames):
-    spec = frames(path, leaf)
-    if not isinstance(spec, FrameSpec):
-      raise ValueError(
-        f"frames callable returned {spec!r} for the leaf at"
-        f" {jax.tree_util.keystr(path)}; it must return a stiefax.FrameSpec."
-      )
-    return spec
-  raise ValueError(
-    f"frames must be a stiefax.FrameSpec or a callable (path, leaf) -> FrameSpec, got {frames!r}."
-  )
-
-
-def _where(path: Any) -> str:
-  return jax.tree_util.keystr(tuple(path)) or "<root>"
-
-
-def checked_frames(frames: FramesLike, path: Any, leaf: Any) -> FrameSpec:
-  """The FrameSpec of one leaf that is to live on the Stiefel manifold, validated.
-
-  As :func:`resolve_frames`, and the leaf must be a real floating-point array whose
-  frames exist (``r <= d``) and are not empty. Every error names the leaf's path.
-
-  Example:
-    >>> import jax.numpy as jnp
-    >>> from stiefax.frames import FrameSpec, checked_frames
-    >>> checked_frames(FrameSpec(), (), jnp.zeros((8, 2, 4)))
-    FrameSpec(row_axis=0, col_axes=(-1,))
-
-  Args:
-    frames: a :class:`FrameSpec`, or a callable ``(key_path, leaf) -> FrameSpec``.
-    path: the leaf's key path.
-    leaf: the array (or anything with ``shape`` and ``dtype``).
-
-  Returns:
-    The :class:`FrameSpec` for this leaf.
-
-  Raises:
-    ValueError: naming the path, for an integer, boolean or complex dtype (the
-      geometry here is real: ``W^T W`` with the transpose), an axis the leaf lacks,
-      ``r > d``, or a zero-size frame batch.
-  """
-  spec = resolve_frames(frames, path, leaf)
-  dtype = getattr(leaf, "dtype", None)
-  dtype = jnp.dtype(jnp.result_type(leaf) if dtype is None else dtype)
-  shape = tuple(getattr(leaf, "shape", jnp.shape(leaf)))
-  if not jnp.issubdtype(dtype, jnp.floating):
-    kind = (
-      "complex frames are not supported (the Stiefel geometry here is real:"
-      " W^T W uses the transpose, so a complex W would leave the unitary manifold)"
-      if jnp.issubdtype(dtype, jnp.complexfloating)
-      else "only floating-point frames can be orthonormal and move continuously"
-    )
-    raise ValueError(
-      f"The frame parameter at {_where(path)} (shape {shape}) has dtype {dtype}:"
-      f" {kind}. Give it a real floating dtype (float32, bfloat16, float16,"
-      " float64), or label it off the manifold ('adamw')."
-    )
-  if 0 in shape:
-    raise ValueError(
-      f"The frame parameter at {_where(path)} has shape {shape}, with a zero-size"
-      " axis: it holds no frame (a frame needs 1 <= r <= d). Keep empty parameters"
-      " off the manifold (label them 'adamw')."
-    )
-  try:
-    spec.frame_shape(shape)
-  except ValueError as e:
-    msg = str(e)
-    raise ValueError(f"The parameter at {_where(path)}: {msg[0].lower()}{msg[1:]}") from None
-  return spec
+#: What ``frames=`` takes: a FrameSpec, a callable ``(key_path, array) -> FrameSpec``
+#: choosing one per leaf, or ``None``, which means :func:`stiefax.layouts.qk_frames`
+#: everywhere (see :func:`stiefax.layouts.resolve_frames`).
+FramesLike = Optional[Union[FrameSpec, Callable[[Any, jax.Array], FrameSpec]]]

@@ -21,13 +21,11 @@ from __future__ import annotations
 from typing import Any
 from typing import Callable
 from typing import NamedTuple
-import warnings
 
 import jax
 import jax.numpy as jnp
 
 from stiefax._matrix import DECOMPOSITION_METHODS
-from stiefax._matrix import POLAR_METHODS
 from stiefax._matrix import cayley_retract
 from stiefax._matrix import compute_dtype
 from stiefax._matrix import eye_like
@@ -41,10 +39,8 @@ from stiefax._matrix import qr_retract
 from stiefax._matrix import sym
 
 __all__ = [
-  "POLAR_METHODS",
   "DECOMPOSITION_METHODS",
   "PROJECTIONS",
-  "RETRACTIONS",
   "Projection",
   "sym",
   "mT",
@@ -66,31 +62,6 @@ __all__ = [
   "retraction_step",
   "compute_dtype",
 ]
-
-# The 0.1 names of the projections, which read like the transforms of the same name
-# (stiefax.stiefel_project is a transform, stiefax.geometry.stiefel_tangent a function).
-_DEPRECATED = {
-  "stiefel_project": "stiefel_tangent",
-  "grassmann_project": "grassmann_horizontal",
-  "canonical_gradient": "canonical_tangent",
-}
-
-
-def __getattr__(name: str) -> Any:
-  if name in _DEPRECATED:
-    new = _DEPRECATED[name]
-    warnings.warn(
-      f"stiefax.geometry.{name} is deprecated; use stiefax.geometry.{new} (the transform"
-      f" stiefax.{name} is unchanged).",
-      DeprecationWarning,
-      stacklevel=2,
-    )
-    return globals()[new]
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-#: Retractions by name (``retraction=`` of :func:`stiefax.retract` and the aliases).
-RETRACTIONS = ("polar", "qr", "cayley")
 
 
 def stiefel_tangent(w: jax.Array, g: jax.Array) -> jax.Array:
@@ -390,8 +361,8 @@ def retraction_step(
   Args:
     w: frames ``(..., d, r)`` on the manifold.
     eta: steps of the same shape (tangent for the bounds above).
-    retraction: one of :data:`RETRACTIONS`.
-    method: the polar method (``retraction="polar"``), one of :data:`POLAR_METHODS`.
+    retraction: one of :data:`stiefax.RETRACTIONS`.
+    method: the polar method (``retraction="polar"``), one of :data:`stiefax.POLAR_METHODS`.
     step_bound: ``tau`` with ``||eta||_F <= tau sqrt(r)`` for every frame, or ``None``.
     sq_norm: ``||eta||_F^2`` per frame, or ``None`` to compute it.
 

@@ -1,417 +1,36 @@
-"""Label trees: which parameters are Stiefel frames.
+"""Label trees: which parameters are Stiefel frames, and what ``labels=`` means.
 
-A *label tree* has the structure of the parameters and holds :data:`STIEFEL_LABEL` at
-every frame parameter and :data:`EUCLIDEAN_LABEL` everywhere else; it is what
+A *label tree* has the structure of the parameters and holds
+:data:`stiefax.layouts.STIEFEL_LABEL` at every frame parameter and
+:data:`stiefax.layouts.EUCLIDEAN_LABEL` everywhere else; it is what
 ``optax.partition`` routes on in :func:`stiefax.stiefel_adamw`, and what the Flax
 helpers, diagnostics and covariance actions read to find the frames.
 
-Every function here that takes ``labels=`` resolves it with :func:`resolve_labels`,
-which gives ``labels=None`` one meaning throughout the library: the query/key weights
-that :func:`qk_labels` finds (a single array passed as the whole parameter tree is
-one frame parameter).
-
-This module depends only on JAX: the Flax helpers, the optimizers and the diagnostics
-all import it, never the other way round.
+Every function of stiefax that takes ``labels=`` resolves it with
+:func:`resolve_labels`, which gives ``labels=None`` one meaning throughout the
+library: the query/key weights that :func:`stiefax.layouts.qk_labels` finds (a single
+array passed as the whole parameter tree is one frame parameter).
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 from typing import Callable
-from typing import NamedTuple
 from typing import Optional
-from typing import Sequence
 
 import jax
-import jax.numpy as jnp
+
+from stiefax.layouts import EUCLIDEAN_LABEL
+from stiefax.layouts import STIEFEL_LABEL
+from stiefax.layouts import no_frames_message
+from stiefax.layouts import qk_labels
 
 __all__ = [
-  "STIEFEL_LABEL",
-  "EUCLIDEAN_LABEL",
-  "path_names",
-  "Layout",
-  "LAYOUTS",
-  "layout_of",
-  "attention_like",
-  "missing_frames_hint",
-  "no_frames_message",
-  "qk_labels",
+  "LabelsLike",
   "resolve_labels",
   "label_mask",
   "checked_labels",
 ]
-
-#: The label of frame parameters: they are trained on ``St(d, r)``.
-STIEFEL_LABEL = "stiefel"
-
-#: The label of every other parameter. The value ``"adamw"`` names the optimizer that
-#: :func:`stiefax.stiefel_adamw` gives these parameters (they are not frames: they stay
-#: Euclidean); it is kept as written because users' label trees hold it.
-EUCLIDEAN_LABEL = "adamw"
-
-# Trailing attribute keys that nnx Variables add to a path (``.../kernel.value``).
-_VARIABLE_ATTRS = ("value", "raw_value")
-
-
-def path_names(path: Sequence[Any]) -> tuple[str, ...]:
-  """The names along a key path, without the attribute keys of nnx Variables.
-
-  ``('params', 'layer_0', 'query', 'kernel')`` for linen and nnx alike: at ``init``
-  an ``nnx.Optimizer`` passes Variables (paths end in ``.value``), at ``update`` plain
-  arrays.
-
-  Example:
-    >>> import jax
-    >>> from stiefax.labels import path_names
-    >>> path = jax.tree_util.tree_flatten_with_path({"query": {"kernel": 0}})[0][0][0]
-    >>> path_names(path)
-    ('query', 'kernel')
-
-  Args:
-    path: a key path, as given by ``jax.tree_util.tree_map_with_path``.
-
-  Returns:
-    The tuple of names (strings) along the path, in order (dict keys, sequence
-      indices and attribute names),
-      trailing ``value`` / ``raw_value`` attribute keys dropped.
-  """
-  names = []
-  for k in path:
-    if isinstance(k, jax.tree_util.DictKey):
-      names.append(str(k.key))
-    elif isinstance(k, jax.tree_util.SequenceKey):
-      names.append(str(k.idx))
-    elif isinstance(k, jax.tree_util.GetAttrKey):
-      names.append(str(k.name))
-    elif isinstance(k, jax.tree_util.FlattenedIndexKey):
-      names.append(str(k.key))
-    else:
-      names.append(str(k))
-  while names and names[-1] in _VARIABLE_ATTRS:
-    names.pop()
-  return tuple(names)
-
-
-# ----------------------------------------------------------------------------
-# Query/key layouts.
-# ----------------------------------------------------------------------------
-
-# Layouts whose weight holds more than queries and keys (a value slice).
-_PARTIAL = frozenset({("kv_einsum", "w"), ("qkv_einsum", "w"), ("c_attn", "kernel")})
-
-
-class Layout(NamedTuple):
-  """One query/key weight layout that :func:`qk_labels` and ``qk_frames`` know.
-
-  Attributes:
-    module: the module name, the path entry before ``param``.
-    param: the parameter name, the last path entry.
-    family: the model code that stores its weights this way.
-    shape: the weight's shape, in words.
-    rank: the weight's rank.
-    frames: which slices are frames; the rest of the weight is not.
-  """
-
-  module: str
-  param: str
-  family: str
-  shape: str
-  rank: int
-  frames: str
-
-  @property
-  def partial(self) -> bool:
-    """Whether only part of the weight is frames (a fused query/key/value weight)."""
-    return (self.module, self.param) in _PARTIAL
-
-
-LAYOUTS = (
-  Layout(
-    "query",
-    "kernel",
-    "Flax MultiHeadDotProductAttention, nnx MultiHeadAttention",
-    "(d_model, heads, head_dim)",
-    3,
-    "every head",
-  ),
-  Layout(
-    "key",
-    "kernel",
-    "Flax MultiHeadDotProductAttention, nnx MultiHeadAttention",
-    "(d_model, heads, head_dim)",
-    3,
-    "every head",
-  ),
-  Layout(
-    "q_einsum",
-    "w",
-    "Gemma (heads-first einsum weights)",
-    "(heads, d_model, head_dim)",
-    3,
-    "every head",
-  ),
-  Layout(
-    "kv_einsum",
-    "w",
-    "Gemma with grouped-query attention",
-    "(2, kv_heads, d_model, head_dim)",
-    4,
-    "the k slice [0]; v [1] is not",
-  ),
-  Layout(
-    "qkv_einsum",
-    "w",
-    "Gemma with as many kv heads as heads",
-    "(3, heads, d_model, head_dim)",
-    4,
-    "the q and k slices [0, 1]; v [2] is not",
-  ),
-  Layout(
-    "q_proj",
-    "kernel",
-    "Llama-style separate Dense projections",
-    "(d_model, heads * head_dim)",
-    2,
-    "every head (needs the head count)",
-  ),
-  Layout(
-    "k_proj",
-    "kernel",
-    "Llama-style separate Dense projections",
-    "(d_model, kv_heads * head_dim)",
-    2,
-    "every head (needs the head count)",
-  ),
-  Layout(
-    "c_attn",
-    "kernel",
-    "GPT-2-style fused Dense projection",
-    "(d_model, 3 * heads * head_dim)",
-    2,
-    "the q and k thirds (needs the head count); v is not",
-  ),
-)
-"""The query/key layouts recognized by name (``<module>/<param>`` ending a path)."""
-
-_LAYOUTS = {(l.module, l.param): l for l in LAYOUTS}
-
-
-def layout_of(names: Sequence[str]) -> Optional[Layout]:
-  """The :class:`Layout` whose ``<module>/<param>`` ends a path, or ``None``.
-
-  Example:
-    >>> from stiefax.labels import layout_of
-    >>> layout_of(("params", "attn", "qkv_einsum", "w")).partial
-    True
-    >>> layout_of(("mlp", "kernel")) is None
-    True
-
-  Args:
-    names: the names along a path (see :func:`path_names`).
-
-  Returns:
-    The layout, or ``None`` when the path ends in no known query/key weight.
-  """
-  if len(names) < 2:
-    return None
-  return _LAYOUTS.get((names[-2], names[-1]))
-
-
-# Lower-case name tokens that mark a parameter as part of an attention layer.
-_ATTENTION_TOKENS = frozenset(
-  {"q", "k", "wq", "wk", "qk", "qkv", "kv", "query", "key", "queries", "keys"}
-)
-_ATTENTION_WORDS = ("attn", "attention")
-
-
-def _looks_like_attention(names: Sequence[str]) -> bool:
-  for name in names:
-    low = name.lower()
-    if any(w in low for w in _ATTENTION_WORDS):
-      return True
-    if _ATTENTION_TOKENS.intersection(re.split(r"[^a-z]+", low)):
-      return True
-  return False
-
-
-def attention_like(params: Any) -> list[tuple[str, tuple[int, ...]]]:
-  """``(path, shape)`` of every matrix-shaped leaf whose path looks like attention.
-
-  A leaf of rank >= 2 is attention-like when an entry of its path contains ``attn`` or
-  ``attention``, or has a name token (split at non-letters) such as ``q``, ``k``,
-  ``wq``, ``query``, ``key``, ``qkv`` or ``kv``. :func:`qk_labels` and
-  :func:`stiefax.stiefel_adamw` use it to refuse a model whose attention they would
-  otherwise silently train as plain AdamW.
-
-  Example:
-    >>> import jax.numpy as jnp, stiefax
-    >>> params = {"attn": {"q_lin": {"w": jnp.zeros((8, 8))}}, "mlp": {"w": jnp.zeros((8, 8))}}
-    >>> stiefax.labels.attention_like(params)
-    [('attn/q_lin/w', (8, 8))]
-
-  Args:
-    params: a parameter tree.
-
-  Returns:
-    A list of ``(path, shape)``, the path's names joined by ``/``.
-  """
-  out = []
-  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    names = path_names(path)
-    if jnp.ndim(leaf) >= 2 and _looks_like_attention(names):
-      out.append(("/".join(names), tuple(jnp.shape(leaf))))
-  return out
-
-
-def _nothing_selected_message(found: Sequence[tuple[str, tuple[int, ...]]]) -> str:
-  """How to select frames, given the attention-like leaves that were found."""
-  shown = ", ".join(f"{p} {s}" for p, s in found[:6])
-  more = f" (and {len(found) - 6} more)" if len(found) > 6 else ""
-  modules: list[str] = []
-  for p, _ in found:
-    names = p.split("/")
-    if len(names) >= 2 and names[-1] == "kernel" and names[-2] not in modules:
-      modules.append(names[-2])
-  hint = (
-    f" If {tuple(modules[:4])} hold queries and keys of shape (d_model, heads,"
-    f" head_dim), select them with labels=lambda p: stiefax.flax.qk_labels(p,"
-    f" modules={tuple(m for m in modules[:4])}); otherwise"
-    if modules
-    else " Select the query/key kernels with"
-  )
-  return (
-    f"it found attention-like parameters: {shown}{more}.{hint} a labels= tree or"
-    " callable marking them 'stiefel' (with frames= for their layout; see the"
-    " docs page 'Use it with your model')."
-  )
-
-
-def missing_frames_hint(params: Any) -> str:
-  """Why nothing in ``params`` is a frame, and how to select the frames: one sentence.
-
-  Used in the errors of functions that refuse a label tree without frames.
-
-  Example:
-    >>> import jax.numpy as jnp
-    >>> from stiefax.labels import missing_frames_hint
-    >>> missing_frames_hint({"mlp": {"kernel": jnp.zeros((4, 4))}})
-    'the params hold no attention-like parameter either.'
-
-  Args:
-    params: a parameter tree.
-
-  Returns:
-    The attention-like parameters found and how to label them, or a note that there
-      are none.
-  """
-  found = attention_like(params)
-  if not found:
-    return "the params hold no attention-like parameter either."
-  return _nothing_selected_message(found)
-
-
-def no_frames_message(who: str, params: Any, label: str = STIEFEL_LABEL) -> str:
-  """The error of every function that finds no frame in ``params``: one message.
-
-  :func:`stiefax.stiefel_adamw` and :func:`stiefax.flax.project_params` refuse a
-  label tree without frames with it, rather than train or return the model unchanged.
-
-  Example:
-    >>> import jax.numpy as jnp
-    >>> from stiefax.labels import no_frames_message
-    >>> no_frames_message("project_params", {"mlp": {"kernel": jnp.zeros((4, 4))}})
-    "project_params: no parameter is labelled 'stiefel', so no parameter is a frame ...
-
-  Args:
-    who: the name that starts the message.
-    params: the parameter tree.
-    label: the label that marks frames.
-
-  Returns:
-    The message: what was found, and how to select the frames.
-  """
-  return (
-    f"{who}: no parameter is labelled {label!r}, so no parameter is a frame"
-    " (stiefel_adamw would train every parameter as plain AdamW; use optax.adamw for"
-    " that); " + missing_frames_hint(params)
-  )
-
-
-def qk_labels(
-  params: Any,
-  *,
-  modules: Optional[Sequence[str]] = None,
-  stiefel_label: str = STIEFEL_LABEL,
-  other_label: str = EUCLIDEAN_LABEL,
-) -> Any:
-  """Labels the query/key weights ``stiefel`` and every other leaf ``adamw``.
-
-  By default a leaf is a frame when its path ends in one of the layouts of
-  :data:`LAYOUTS`: ``query/kernel``, ``key/kernel`` (Flax attention),
-  ``q_einsum/w``, ``kv_einsum/w``, ``qkv_einsum/w`` (Gemma), ``q_proj/kernel``,
-  ``k_proj/kernel`` (Llama-style) or ``c_attn/kernel`` (GPT-2-style); fused weights
-  are labelled whole, and :func:`stiefax.flax.qk_frames` (the default ``frames`` of
-  :func:`stiefax.stiefel_adamw`) selects their query/key slices. With ``modules``
-  a leaf is a frame when its path ends in ``<module>/kernel`` for a name in
-  ``modules``. Names match whole path entries, so ``value/kernel``, ``key/bias`` and
-  ``my_query/kernel`` stay Euclidean. Works for linen variable dicts, nnx ``State``
-  of Variables (``init``) and of plain arrays (``update``). It is what ``labels=None``
-  means everywhere in stiefax (see :func:`resolve_labels`).
-
-  A tree in which nothing is selected but some parameters look like attention (see
-  :func:`attention_like`) raises a ValueError that lists them: a model is never
-  trained as plain AdamW by accident.
-
-  Example:
-    >>> import jax, jax.numpy as jnp, flax.linen as nn, stiefax
-    >>> attn = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8)
-    >>> params = attn.init(jax.random.key(0), jnp.ones((1, 3, 8)))
-    >>> labels = stiefax.flax.qk_labels(params)
-    >>> labels["params"]["query"]["kernel"], labels["params"]["value"]["kernel"]
-    ('stiefel', 'adamw')
-
-  Args:
-    params: a parameter tree.
-    modules: ``None`` (the known layouts), or module names whose ``kernel`` is a
-      frame.
-    stiefel_label: label for frames.
-    other_label: label for everything else.
-
-  Returns:
-    A tree of labels with the structure of ``params``.
-
-  Raises:
-    ValueError: if no leaf is selected and some look like attention.
-  """
-  if modules is not None:
-    modules = (modules,) if isinstance(modules, str) else tuple(modules)
-
-  def is_frame(names):
-    if len(names) < 2:
-      return False
-    if modules is None:
-      return layout_of(names) is not None
-    return names[-1] == "kernel" and names[-2] in modules
-
-  def label(path, _):
-    return stiefel_label if is_frame(path_names(path)) else other_label
-
-  labels = jax.tree_util.tree_map_with_path(label, params)
-  if stiefel_label not in jax.tree.leaves(labels):
-    found = attention_like(params)
-    if found:
-      rule = (
-        "one of " + ", ".join(f"{l.module}/{l.param}" for l in LAYOUTS)
-        if modules is None
-        else f"<module>/kernel for a module in {modules}"
-      )
-      raise ValueError(
-        f"qk_labels(modules={modules}) selects no frame (no path ends in {rule}),"
-        " but " + _nothing_selected_message(found)
-      )
-  return labels
-
 
 # ----------------------------------------------------------------------------
 # The one meaning of ``labels=``.
@@ -425,11 +44,11 @@ LabelsLike = Any
 def resolve_labels(params: Any, labels: LabelsLike = None) -> Any:
   """The label tree of ``params``: what ``labels=`` means everywhere in stiefax.
 
-  * ``None``: the query/key weights found by :func:`qk_labels` (the attention frames
+  * ``None``: the query/key weights found by :func:`stiefax.layouts.qk_labels` (the attention frames
     of Flax, Gemma, Llama-style and GPT-2-style models); a ``params`` that is a single
     array (not a tree of several leaves) is one frame parameter, so
     ``isometry_error(w)`` measures ``w``.
-  * a callable: ``labels(params)`` (for example :func:`qk_labels` with ``modules=``;
+  * a callable: ``labels(params)`` (for example :func:`stiefax.layouts.qk_labels` with ``modules=``;
     a callable sees the tree it is given, so it works at ``init`` and ``update``).
   * anything else: the label tree itself.
 
@@ -483,7 +102,7 @@ def label_mask(params: Any, labels: LabelsLike = None, label: str = STIEFEL_LABE
   if len(flat) != len(leaves):
     raise ValueError(
       f"labels has {len(flat)} leaves but params has {len(leaves)}; give a label"
-      " tree with the structure of params (see stiefax.flax.qk_labels)."
+      " tree with the structure of params (see stiefax.layouts.qk_labels)."
     )
   return [lab == label for lab in flat]
 
@@ -499,7 +118,7 @@ def _structure_message(labels: Any, params: Any, who: str) -> str:
   if pk is not None and "params" in pk and (lk is None or "params" not in lk):
     hint = (
       " The params have a top 'params' level that the labels lack: build the labels"
-      " from the tree you pass to tx.init (labels=stiefax.flax.qk_labels as a"
+      " from the tree you pass to tx.init (labels=stiefax.layouts.qk_labels as a"
       " callable does), or wrap them as {'params': labels}."
     )
   elif lk is not None and "params" in lk and (pk is None or "params" not in pk):
@@ -519,8 +138,8 @@ def checked_labels(labels: LabelsLike = None, who: str = "stiefel_adamw") -> Cal
   """``params -> label tree`` for ``optax.partition``, refusing label trees that cannot work.
 
   The tree is :func:`resolve_labels` of ``labels``; a ValueError (starting with
-  ``who``) names the problem when it holds a label other than :data:`STIEFEL_LABEL`
-  and :data:`EUCLIDEAN_LABEL`, does not have the structure of the params (with the
+  ``who``) names the problem when it holds a label other than
+  :data:`stiefax.layouts.STIEFEL_LABEL` and :data:`stiefax.layouts.EUCLIDEAN_LABEL`, does not have the structure of the params (with the
   common mistake, a missing or extra top ``params`` level, spelled out), or labels no
   parameter a frame.
 
@@ -550,7 +169,7 @@ def checked_labels(labels: LabelsLike = None, who: str = "stiefel_adamw") -> Cal
         f"{who}: the label tree holds {sorted(map(repr, found - valid))}, but"
         f" the only transforms are {sorted(valid)}. Label frame parameters"
         f" {STIEFEL_LABEL!r} and everything else {EUCLIDEAN_LABEL!r} (see"
-        " stiefax.flax.qk_labels)."
+        " stiefax.layouts.qk_labels)."
       )
     n_params, n_labels = len(jax.tree.leaves(params)), len(jax.tree.leaves(tree))
     if n_params != n_labels:

@@ -57,6 +57,7 @@ from typing import Any
 from typing import NamedTuple
 from typing import Optional
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
@@ -66,15 +67,13 @@ from stiefax import geometry
 from stiefax import transforms
 from stiefax.frames import FramesLike
 from stiefax.frames import FrameSpec
-from stiefax.frames import resolve_frames
+from stiefax.layouts import resolve_frames
 
 __all__ = [
   "DUAL_ITERATIONS",
   "NS_ITERATIONS",
   "SpectralStep",
-  "ManifoldMuonState",
   "spectral_tangent_direction",
-  "manifold_muon",
 ]
 
 #: Default dual iterations per update (warm-started from the previous multiplier).
@@ -206,9 +205,9 @@ class ManifoldMuonState(NamedTuple):
 
 @_routing.rebuildable
 def manifold_muon(
-  learning_rate: optax.ScalarOrSchedule = 0.05,
-  beta: float = 0.95,
+  learning_rate: optax.ScalarOrSchedule,
   *,
+  beta: chex.Numeric = 0.95,
   nesterov: bool = True,
   iterations: int = DUAL_ITERATIONS,
   ns_iterations: int = NS_ITERATIONS,
@@ -262,7 +261,7 @@ def manifold_muon(
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
-  _routing.check_name("retraction", retraction, geometry.RETRACTIONS)
+  _routing.check_name("retraction", retraction, transforms.RETRACTIONS)
   _routing.check_hyperparams(
     "manifold_muon",
     learning_rate=learning_rate,

@@ -20,10 +20,9 @@ import optax
 
 from stiefax import _routing
 from stiefax import geometry
-from stiefax._routing import keyword_frames
 from stiefax.frames import FramesLike
 from stiefax.frames import FrameSpec
-from stiefax.frames import checked_frames
+from stiefax.layouts import checked_frames
 
 __all__ = [
   "stiefel_project",
@@ -55,7 +54,6 @@ def _projection(
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-@keyword_frames(0)
 def stiefel_project(*, frames: FramesLike = FrameSpec()) -> optax.GradientTransformation:
   """Projects each frame's update onto the tangent space (paper eq. 3).
 
@@ -81,7 +79,6 @@ def stiefel_project(*, frames: FramesLike = FrameSpec()) -> optax.GradientTransf
   return _projection("stiefel_project", geometry.PROJECTIONS["stiefel"].project, frames)
 
 
-@keyword_frames(0)
 def grassmann_project(*, frames: FramesLike = FrameSpec()) -> optax.GradientTransformation:
   """Projects each frame's update onto the horizontal space ``(I - W W^T) G``.
 
@@ -106,7 +103,6 @@ def grassmann_project(*, frames: FramesLike = FrameSpec()) -> optax.GradientTran
   return _projection("grassmann_project", geometry.PROJECTIONS["grassmann"].project, frames)
 
 
-@keyword_frames(0)
 def canonical_gradient(*, frames: FramesLike = FrameSpec()) -> optax.GradientTransformation:
   """Maps each frame's gradient to the canonical-metric gradient ``G - W G^T W`` (eq. 4).
 
@@ -129,7 +125,6 @@ def canonical_gradient(*, frames: FramesLike = FrameSpec()) -> optax.GradientTra
   return _projection("canonical_gradient", geometry.PROJECTIONS["canonical"].project, frames)
 
 
-@keyword_frames(1)
 def step_norm_cap(
   max_norm: Any = 0.1, *, frames: FramesLike = FrameSpec()
 ) -> optax.GradientTransformation:

@@ -27,6 +27,7 @@ from typing import Any
 from typing import Optional
 from typing import Sequence
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
@@ -34,13 +35,13 @@ import optax
 from stiefax import _routing
 from stiefax import geometry
 from stiefax._routing import cap_factor
-from stiefax._routing import keyword_frames
 from stiefax.frames import FramesLike
 from stiefax.frames import FrameSpec
-from stiefax.frames import resolve_frames
+from stiefax.layouts import resolve_frames
 from stiefax.transforms import ScalarMomentState
 
-__all__ = ["sphere_project", "sphere_retract", "sphere_moment", "hyperball_adam"]
+# sphere_project, sphere_retract and hyperball_adam are exported by stiefax.
+__all__ = ["sphere_moment", "frame_axes"]
 
 
 _PARAMS_REQUIRED = (
@@ -118,7 +119,6 @@ def _leaf_axes(frames: FramesLike, path: Any, w: jax.Array) -> tuple[int, ...]:
   return frame_axes(resolve_frames(frames, path, w), w.shape)
 
 
-@keyword_frames(0)
 def sphere_project(*, frames: FramesLike = FrameSpec()) -> optax.GradientTransformation:
   """Projects each frame's update onto the tangent space of its sphere.
 
@@ -163,7 +163,6 @@ def sphere_project(*, frames: FramesLike = FrameSpec()) -> optax.GradientTransfo
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-@keyword_frames(1)
 def sphere_retract(
   radius: Optional[Any] = None, *, frames: FramesLike = FrameSpec()
 ) -> optax.GradientTransformation:
@@ -233,7 +232,6 @@ def _expand_to_frames(x: jax.Array, shape: Sequence[int], axes: Sequence[int]) -
   return jnp.expand_dims(x, tuple(axes)) if axes else x
 
 
-@keyword_frames(3)
 def sphere_moment(
   b1: float = 0.9,
   b2: float = 0.999,
@@ -377,13 +375,13 @@ def _sphere_cap(max_norm, frames: FramesLike) -> optax.GradientTransformation:
 
 
 def hyperball_adam(
-  learning_rate: optax.ScalarOrSchedule = 1.0,
-  b1: float = 0.9,
-  b2: float = 0.999,
-  eps: float = 1e-8,
-  max_norm: Optional[float] = 0.1,
-  radius: Optional[Any] = None,
+  learning_rate: optax.ScalarOrSchedule,
   *,
+  b1: chex.Numeric = 0.9,
+  b2: chex.Numeric = 0.999,
+  eps: chex.Numeric = 1e-8,
+  max_norm: Optional[chex.Numeric] = 0.1,
+  radius: Optional[chex.Numeric] = None,
   frames: FramesLike = FrameSpec(),
   relative: bool = True,
   mu_dtype: Any = None,
@@ -414,7 +412,7 @@ def hyperball_adam(
   Example:
     >>> import jax, jax.numpy as jnp, optax, stiefax
     >>> w = jax.random.normal(jax.random.key(0), (16, 2, 4))   # two heads
-    >>> tx = stiefax.hyperball_adam()
+    >>> tx = stiefax.hyperball_adam(1.0)
     >>> state = tx.init(w)
     >>> g = jax.random.normal(jax.random.key(1), w.shape)
     >>> updates, state = tx.update(g, state, w)
@@ -424,7 +422,7 @@ def hyperball_adam(
 
   Args:
     learning_rate: the rate (a float or an Optax schedule); the step is capped, so
-      with the default 1.0 the cap sets the step.
+      with 1.0 the cap sets the step.
     b1: first-moment decay.
     b2: second-moment decay.
     eps: added to ``sqrt(v_hat)``: the gradient scale below which frames slow down.

@@ -47,29 +47,19 @@ import optax
 
 from stiefax import _routing
 from stiefax import geometry
+from stiefax._matrix import POLAR_METHODS
 from stiefax._routing import expand
-from stiefax._routing import keyword_frames
 from stiefax.frames import FramesLike
 from stiefax.frames import FrameSpec
-from stiefax.frames import checked_frames
-from stiefax.projections import canonical_gradient
-from stiefax.projections import grassmann_project
-from stiefax.projections import step_norm_cap
-from stiefax.projections import stiefel_project
+from stiefax.layouts import checked_frames
 
-# The projections and the step cap live in stiefax.projections; they are re-exported
-# here, with the moments and the retractions, as the module of every transform.
 __all__ = [
   "PROJECTORS",
   "ScalarMomentState",
   "ElementwiseMomentState",
   "PolarRetractState",
-  "stiefel_project",
-  "grassmann_project",
-  "canonical_gradient",
   "scalar_moment",
   "elementwise_moment",
-  "step_norm_cap",
   "polar_retract",
   "retract",
   "RETRACTIONS",
@@ -79,7 +69,7 @@ __all__ = [
 PROJECTORS = tuple(geometry.PROJECTIONS)
 
 #: Retractions by name (``retraction=`` of :func:`retract` and the aliases).
-RETRACTIONS = geometry.RETRACTIONS
+RETRACTIONS = ("polar", "qr", "cayley")
 
 _OFF_MANIFOLD = (
   "stiefax.{name}.init: the parameter at {path} (shape {shape}, {dtype}) is not on"
@@ -214,7 +204,6 @@ def _moment(
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-@keyword_frames(3)
 def scalar_moment(
   b1: float = 0.9,
   b2: float = 0.999,
@@ -268,7 +257,6 @@ def scalar_moment(
   return _moment("scalar_moment", b1, b2, eps, frames, projector, False, mu_dtype)
 
 
-@keyword_frames(3)
 def elementwise_moment(
   b1: float = 0.9,
   b2: float = 0.999,
@@ -333,7 +321,6 @@ _LAPACK_WARNING = (
 )
 
 
-@keyword_frames(0)
 def polar_retract(
   method: str = "auto",
   *,
@@ -391,7 +378,6 @@ def polar_retract(
   return _retract(frames, "polar", method, step_bound, init_tol, "polar_retract")
 
 
-@keyword_frames(0)
 def retract(
   retraction: str = "polar",
   method: str = "auto",
@@ -428,7 +414,7 @@ def retract(
     True
 
   Args:
-    retraction: one of :data:`RETRACTIONS`.
+    retraction: one of :data:`stiefax.RETRACTIONS`.
     method: the polar method (``retraction="polar"`` only), see :func:`polar_retract`.
     frames: how each leaf is viewed as frames.
     step_bound: ``tau`` of a preceding step cap (``retraction="polar"`` only), see
@@ -462,17 +448,15 @@ def _retract(
 ) -> optax.GradientTransformation:
   _routing.check_name("retraction", retraction, RETRACTIONS)
   _routing.check_hyperparams(name, step_bound=step_bound, init_tol=init_tol)
-  if method not in geometry.POLAR_METHODS:
-    raise ValueError(
-      f"Unknown polar method {method!r}; valid methods are {geometry.POLAR_METHODS}."
-    )
+  if method not in POLAR_METHODS:
+    raise ValueError(f"Unknown polar method {method!r}; valid methods are {POLAR_METHODS}.")
   if (
     retraction == "polar"
     and method in geometry.DECOMPOSITION_METHODS
     and jax.default_backend() == "cpu"
   ):
-    # The caller of polar_retract / retract (through their keyword_frames wrapper).
-    warnings.warn(_LAPACK_WARNING.format(method=method), RuntimeWarning, stacklevel=4)
+    # The caller of polar_retract / retract.
+    warnings.warn(_LAPACK_WARNING.format(method=method), RuntimeWarning, stacklevel=3)
 
   def init_fn(params):
     def leaf(path, w):

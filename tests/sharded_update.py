@@ -39,7 +39,9 @@ def main():
   # "capped": the default B2 (fixed Newton-Schulz count); "uncapped": the stopping
   # rule, whose convergence test reduces over all frames (the control).
   tx = (
-    stiefax.riemannian_adam() if sys.argv[1] == "capped" else stiefax.riemannian_adam(max_norm=None)
+    stiefax.riemannian_adam(1.0)
+    if sys.argv[1] == "capped"
+    else stiefax.riemannian_adam(1.0, max_norm=None)
   )
 
   state_specs = []

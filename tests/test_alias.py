@@ -34,7 +34,7 @@ from tests.kernels import to_ref
 def test_trajectory_matches_float64_reference(x64, rng, kwargs):
   w0 = kernel(rng)
   grads = random_grads(rng, 40, w0.shape)
-  iterates = run(stiefax.riemannian_adam(**kwargs), w0, grads)
+  iterates = run(stiefax.riemannian_adam(**{"learning_rate": 1.0, **kwargs}), w0, grads)
   reference = ref.RiemannianAdam(
     **{("lr" if k == "learning_rate" else k): v for k, v in kwargs.items()}
   )
@@ -62,7 +62,7 @@ def test_riemannian_sgd_matches_reference(x64, rng):
 def test_proposition_3_scale_free_at_eps_zero(x64, rng, c):
   w0 = kernel(rng)
   grads = random_grads(rng, 20, w0.shape)
-  tx = stiefax.riemannian_adam(eps=0.0)
+  tx = stiefax.riemannian_adam(1.0, eps=0.0)
   base = run(tx, w0, grads)
   scaled = run(tx, w0, [c * g for g in grads])
   assert max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(base, scaled)) < 1e-8
@@ -82,7 +82,7 @@ def test_proposition_7_equivariance(x64, rng, moment, equivariant):
   w0 = kernel(rng)
   grads = random_grads(rng, 15, w0.shape, decades=1)
   q = jnp.asarray(np.linalg.qr(rng.standard_normal((D, D)))[0])
-  tx = stiefax.riemannian_adam(moment=moment, learning_rate=0.05)
+  tx = stiefax.riemannian_adam(0.05, moment=moment)
   base = run(tx, w0, grads)
   rotated = run(tx, _rotate(q, w0), [_rotate(q, g) for g in grads])
   violation = max(float(jnp.max(jnp.abs(_rotate(q, a) - b))) for a, b in zip(base, rotated))
@@ -95,13 +95,15 @@ def test_proposition_7_equivariance(x64, rng, moment, equivariant):
 def test_block_orthogonal_heads_stay_mutually_orthonormal(rng):
   frames = FrameSpec(col_axes=(-2, -1))
   w = stiefax.flax.orthonormal_init(frames)(jax.random.key(0), (D, H, R))
-  iterates = run(stiefax.riemannian_adam(frames=frames), w, random_grads(rng, 50, w.shape))
+  iterates = run(stiefax.riemannian_adam(1.0, frames=frames), w, random_grads(rng, 50, w.shape))
   flat = iterates[-1].reshape(D, H * R)
   assert float(jnp.max(jnp.abs(flat.T @ flat - jnp.eye(H * R)))) < 2e-6
   # Heads moved and the cross-head blocks are zero.
   assert float(jnp.max(jnp.abs(iterates[-1] - w))) > 0.1
   # Control: per-head frames do not keep heads mutually orthogonal.
-  per_head = run(stiefax.riemannian_adam(), w, random_grads(rng, 50, w.shape))[-1].reshape(D, H * R)
+  per_head = run(stiefax.riemannian_adam(1.0), w, random_grads(rng, 50, w.shape))[-1].reshape(
+    D, H * R
+  )
   assert float(jnp.max(jnp.abs(per_head.T @ per_head - jnp.eye(H * R)))) > 1e-2
 
 
@@ -116,7 +118,7 @@ def test_block_orthogonal_heads_stay_mutually_orthonormal(rng):
 def test_isometry_after_float32_steps_in_scan(polar, steps):
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", RuntimeWarning)
-    tx = stiefax.riemannian_adam(polar=polar)
+    tx = stiefax.riemannian_adam(1.0, method=polar)
   w0 = stiefax.flax.orthonormal_init()(jax.random.key(0), (32, 4, 8))
 
   @jax.jit
@@ -162,17 +164,17 @@ def test_schedules_and_inject_hyperparams(rng):
 def test_multisteps_accumulates_then_updates(rng):
   w = kernel(rng, dtype=np.float32)
   grads = random_grads(rng, 4, w.shape, decades=0)
-  tx = optax.MultiSteps(stiefax.riemannian_adam(), every_k_schedule=2)
+  tx = optax.MultiSteps(stiefax.riemannian_adam(1.0), every_k_schedule=2)
   iterates = run(tx, w, grads)
   np.testing.assert_array_equal(iterates[0], w)
-  once = run(stiefax.riemannian_adam(), w, [(grads[0] + grads[1]) / 2])[0]
+  once = run(stiefax.riemannian_adam(1.0), w, [(grads[0] + grads[1]) / 2])[0]
   np.testing.assert_allclose(iterates[1], once, atol=1e-6)
   assert float(stiefax.diagnostics.isometry_error(iterates[-1])) < 1e-5
 
 
 def test_state_is_stable_under_cond(rng):
   w = kernel(rng, dtype=np.float32)
-  tx = stiefax.riemannian_adam()
+  tx = stiefax.riemannian_adam(1.0)
   state = tx.init(w)
 
   @jax.jit
@@ -184,7 +186,7 @@ def test_state_is_stable_under_cond(rng):
 
 
 def test_extra_args_are_accepted():
-  tx = optax.with_extra_args_support(stiefax.riemannian_adam())
+  tx = optax.with_extra_args_support(stiefax.riemannian_adam(1.0))
   w = stiefax.flax.orthonormal_init()(jax.random.key(0), (8, 2, 4))
   u, _ = tx.update(jnp.ones_like(w), tx.init(w), w, value=jnp.asarray(1.0))
   assert u.shape == w.shape
@@ -234,7 +236,7 @@ def test_stiefel_adamw_routes_frames_and_the_rest(rng):
   ua, _ = adam.update(grads, adam.init(euclid), euclid)
   np.testing.assert_allclose(u["dense"]["kernel"], ua["dense"]["kernel"], rtol=1e-5)
   np.testing.assert_allclose(u["attn"]["value"]["kernel"], ua["attn"]["value"]["kernel"], rtol=1e-5)
-  rad = stiefax.riemannian_adam()
+  rad = stiefax.riemannian_adam(1.0)
   q = params["attn"]["query"]["kernel"]
   uq, _ = rad.update(grads["attn"]["query"]["kernel"], rad.init(q), q)
   np.testing.assert_allclose(u["attn"]["query"]["kernel"], uq, rtol=1e-5, atol=1e-7)
@@ -252,9 +254,9 @@ def test_stiefel_adamw_label_errors(rng):
 
 def test_optax_multi_transform_alias_also_works(rng):
   params = _tree(rng)
-  labels = stiefax.flax.qk_labels(params)
+  labels = stiefax.layouts.qk_labels(params)
   tx = optax.multi_transform(
-    {"stiefel": stiefax.riemannian_adam(), "adamw": optax.adamw(1e-3)}, labels
+    {"stiefel": stiefax.riemannian_adam(1.0), "adamw": optax.adamw(1e-3)}, labels
   )
   grads = jax.tree.map(jnp.ones_like, params)
   u, _ = tx.update(grads, tx.init(params), params)
@@ -277,14 +279,14 @@ def test_stiefel_adamw_refuses_to_select_no_frame(rng):
   with pytest.raises(ValueError, match=r"no parameter is labelled 'stiefel'.*no attention-like"):
     stiefax.stiefel_adamw(1e-3, labels=all_adamw).init({"mlp": tree["mlp"]})
   # Control: selected by name, the same tree trains.
-  picked = lambda p: stiefax.flax.qk_labels(p, modules=("wq", "wk"))
+  picked = lambda p: stiefax.layouts.qk_labels(p, modules=("wq", "wk"))
   snapped = stiefax.flax.project_params(tree, picked)
   stiefax.stiefel_adamw(1e-3, labels=picked).init(snapped)
 
 
 def test_stiefel_adamw_label_tree_without_the_params_level(rng):
   variables = {"params": _tree(rng)}
-  labels = stiefax.flax.qk_labels(variables["params"])
+  labels = stiefax.layouts.qk_labels(variables["params"])
   with pytest.raises(ValueError, match="top 'params' level that the labels lack"):
     stiefax.stiefel_adamw(1e-3, labels=labels).init(variables)
   with pytest.raises(ValueError, match="top 'params' level that the params lack"):

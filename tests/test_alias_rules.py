@@ -46,7 +46,7 @@ def test_warmup_schedule_at_rate_zero_gives_zero_frame_update(rng):
   params = _model(rng)
   grads = _grads(rng, params)
   sched = optax.warmup_cosine_decay_schedule(0.0, 1e-3, 10, 100)
-  tx = stiefax.stiefel_adamw(sched, 0.05, peak_learning_rate=1e-3)
+  tx = stiefax.stiefel_adamw(sched, weight_decay=0.05, peak_learning_rate=1e-3)
   state = tx.init(params)
   u, state = tx.update(grads, state, params)
   assert bool(jnp.all(u["attn"]["query"]["kernel"] == 0))
@@ -61,7 +61,9 @@ def test_schedule_shape_reaches_the_frames_at_their_own_scale(x64, rng):
   params = _model(rng, np.float64)
   grads = [_grads(rng, params) for _ in range(3)]
   sched = optax.linear_schedule(2e-3, 0.0, 4)
-  tx = stiefax.stiefel_adamw(sched, 0.0, stiefel_learning_rate=0.05, peak_learning_rate=2e-3)
+  tx = stiefax.stiefel_adamw(
+    sched, weight_decay=0.0, stiefel_learning_rate=0.05, peak_learning_rate=2e-3
+  )
   want = stiefax.riemannian_adam(optax.linear_schedule(0.05, 0.0, 4))
   q = params["attn"]["query"]["kernel"]
   state, wstate = tx.init(params), want.init(q)
@@ -79,7 +81,7 @@ def test_a_schedule_or_an_array_without_its_peak_is_an_error():
       {"query": {"kernel": jnp.zeros((4, 1, 2))}}
     )
   with pytest.raises(ValueError, match="ready transform with its own rate"):
-    stiefax.stiefel_adamw(1e-3, stiefel=stiefax.riemannian_adam(), stiefel_learning_rate=0.5)
+    stiefax.stiefel_adamw(1e-3, stiefel=stiefax.riemannian_adam(1.0), stiefel_learning_rate=0.5)
 
 
 def test_inject_hyperparams_changes_the_frames_rate(rng):
@@ -143,7 +145,7 @@ def test_frames_given_once_train_a_llama_layout(rng):
     q, k, v = (x @ a[n]["kernel"] for n in ("q_proj", "k_proj", "v_proj"))
     return jnp.sum(jax.nn.softmax(q @ k.T) @ v)
 
-  frames = stiefax.flax.qk_frames(head_dim=4)
+  frames = stiefax.layouts.qk_frames(head_dim=4)
   tx = stiefax.stiefel_adamw(1e-2, frames=frames, stiefel=stiefax.riemannian_adam(1.0))
   state = tx.init(params)
   step = jax.jit(lambda p, s: tx.update(jax.grad(loss)(p), s, p))
@@ -158,7 +160,7 @@ def test_frames_given_once_train_a_llama_layout(rng):
   # Given twice and different: refused.
   with pytest.raises(ValueError, match="frames are given twice and differ"):
     stiefax.stiefel_adamw(
-      1e-2, frames=frames, stiefel=stiefax.riemannian_adam(frames=stiefax.FrameSpec())
+      1e-2, frames=frames, stiefel=stiefax.riemannian_adam(1.0, frames=stiefax.FrameSpec())
     )
   # A factory gets the frames too.
   tx = stiefax.stiefel_adamw(1e-2, frames=frames, stiefel=stiefax.riemannian_sgd)
@@ -239,7 +241,9 @@ def test_a_gradient_of_the_wrong_shape_names_its_path(rng, jit):
   # The transforms say it too.
   w = params["attn"]["query"]["kernel"]
   with pytest.raises(ValueError, match=r"riemannian_adam: the update at <root> has shape"):
-    stiefax.riemannian_adam().update(jnp.zeros((H, D, R)), stiefax.riemannian_adam().init(w), w)
+    stiefax.riemannian_adam(1.0).update(
+      jnp.zeros((H, D, R)), stiefax.riemannian_adam(1.0).init(w), w
+    )
 
 
 def test_a_scheduled_stiefel_learning_rate_multiplies_the_rule(rng):

@@ -47,12 +47,12 @@ def action(name, rng):
 
 
 OPTIMIZERS = {
-  "radam": lambda: stiefax.riemannian_adam(eps=0.0),
+  "radam": lambda: stiefax.riemannian_adam(1.0, eps=0.0),
   "radam-elementwise": lambda: stiefax.riemannian_adam(0.03, eps=0.0, moment="elementwise"),
   "adamw": lambda: optax.adamw(1e-2, eps=0.0, weight_decay=0.1),
   "sgd": lambda: optax.sgd(1e-2),
-  "hyperball": lambda: stiefax.hyperball_adam(eps=0.0),
-  "hyperball-absolute": lambda: stiefax.hyperball_adam(eps=0.0, relative=False),
+  "hyperball": lambda: stiefax.hyperball_adam(1.0, eps=0.0),
+  "hyperball-absolute": lambda: stiefax.hyperball_adam(1.0, eps=0.0, relative=False),
 }
 
 # (optimizer, action, covariant?): each covariant claim has a failing control.
@@ -92,7 +92,7 @@ def test_covariance_violation_is_measured_along_the_trajectory(x64, rng):
 
 def test_actions_invert_and_respect_labels(x64, rng):
   params = {"query": {"kernel": kernel(rng)}, "value": {"kernel": kernel(rng)}}
-  labels = stiefax.flax.qk_labels(params)
+  labels = stiefax.layouts.qk_labels(params)
   for act in (
     cov.left_rotation(orthogonal(rng, D), labels=labels),
     cov.right_rotation(orthogonal(rng, R), labels=labels),
@@ -178,14 +178,14 @@ def test_capped_stiefel_step_has_elr_tau(x64, rng, tau):
   """A binding cap moves every frame by tau sqrt(r) / ||W||_F = tau, up to O(tau^2)."""
   w = kernel(rng, (12, 3, 4))
   g = jnp.asarray(rng.standard_normal(w.shape))
-  tx = stiefax.riemannian_adam(max_norm=tau)  # lr 1: first step has norm 1 > tau sqrt(r)
+  tx = stiefax.riemannian_adam(1.0, max_norm=tau)  # lr 1: first step has norm 1 > tau sqrt(r)
   u, _ = jax.jit(tx.update)(g, tx.init(w), w)
   elr = cov.effective_learning_rate(w, optax.apply_updates(w, u), FrameSpec())
   assert elr.tangential.shape == (3,)
   assert float(jnp.max(jnp.abs(elr.tangential - tau))) < tau**2
   assert float(jnp.max(jnp.abs(elr.radial))) < tau**2  # the retraction's radial part
   # Control: the uncapped step of the same gradient is far from tau.
-  tx = stiefax.riemannian_adam(max_norm=None)
+  tx = stiefax.riemannian_adam(1.0, max_norm=None)
   u, _ = jax.jit(tx.update)(g, tx.init(w), w)
   loose = cov.effective_learning_rate(w, optax.apply_updates(w, u), FrameSpec())
   assert float(jnp.min(jnp.abs(loose.tangential - tau))) > tau
@@ -196,12 +196,12 @@ def test_update_summary_groups():
 
   model = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8)
   x = jax.random.normal(jax.random.key(1), (1, 3, 8))
-  params = stiefax.flax.project_params(model.init(jax.random.key(0), x), stiefax.flax.qk_labels)
+  params = stiefax.flax.project_params(model.init(jax.random.key(0), x), stiefax.layouts.qk_labels)
   tx = stiefax.stiefel_adamw(1e-2, weight_decay=0.05)
   grads = jax.grad(lambda p: jnp.sum(jnp.sin(model.apply(p, x))))(params)
   u, _ = jax.jit(tx.update)(grads, tx.init(params), params)
   new = optax.apply_updates(params, u)
-  stats = jax.jit(cov.update_summary, static_argnums=2)(params, new, stiefax.flax.qk_labels)
+  stats = jax.jit(cov.update_summary, static_argnums=2)(params, new, stiefax.layouts.qk_labels)
   groups = {k.split("/")[0] for k in stats}
   assert groups == {"frames", "matrices", "vectors"}
   assert all(v.shape == () for v in stats.values())

@@ -42,7 +42,7 @@ def linen_attention_grads(seed=0):
     num_heads=H, qkv_features=H * R, use_bias=False, dtype=jnp.float64, param_dtype=jnp.float64
   )
   x = jax.random.normal(jax.random.key(seed), (2, 5, D), jnp.float64)
-  params = stiefax.flax.project_params(model.init(jax.random.key(1), x), stiefax.flax.qk_labels)
+  params = stiefax.flax.project_params(model.init(jax.random.key(1), x), stiefax.layouts.qk_labels)
   c = jax.random.normal(jax.random.key(2), (2, 5, D), jnp.float64)
   grads = jax.jit(jax.grad(lambda p: jnp.sum(jnp.tanh(model.apply(p, x)) * c)))(params)
   p, g = params["params"], grads["params"]
@@ -132,7 +132,7 @@ def test_equivariance_violation_adam_elementwise_corrected(x64):
   naive = float(
     equivariance_violation(stiefax.riemannian_adam(0.03, moment="elementwise"), key=key)
   )
-  corrected_tx = stiefax.riemannian_adam()
+  corrected_tx = stiefax.riemannian_adam(1.0)
   corrected = float(equivariance_violation(corrected_tx, key=key))
   assert adam > 0.1  # of the order of W itself
   assert naive > 1e-6
@@ -175,7 +175,8 @@ def test_equivariance_command(capsys):
 def check_stats(stats, old, new, grads):
   """``stats[path]`` against a float64 NumPy computation on the leaves."""
   flat = {
-    "/".join(stiefax.flax.path_names(p)): x for p, x in jax.tree_util.tree_flatten_with_path(old)[0]
+    "/".join(stiefax.layouts.path_names(p)): x
+    for p, x in jax.tree_util.tree_flatten_with_path(old)[0]
   }
   flat_new = dict(zip(flat, jax.tree.leaves(new)))
   flat_g = dict(zip(flat, jax.tree.leaves(grads)))
@@ -200,13 +201,13 @@ class LinenBlock(nn.Module):
 def test_step_statistics_linen_under_jit():
   x = jax.random.normal(jax.random.key(0), (4, 5, 8))
   model = LinenBlock()
-  params = stiefax.flax.project_params(model.init(jax.random.key(1), x), stiefax.flax.qk_labels)
+  params = stiefax.flax.project_params(model.init(jax.random.key(1), x), stiefax.layouts.qk_labels)
   loss = lambda p: jnp.sum(model.apply(p, x) ** 2)
   grads = jax.jit(jax.grad(loss))(params)
   tx = stiefax.stiefel_adamw(1e-2, weight_decay=0.05)
   updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
   new = optax.apply_updates(params, updates)
-  stats = jax.jit(lambda o, n, g: step_statistics(o, n, g, stiefax.flax.qk_labels))(
+  stats = jax.jit(lambda o, n, g: step_statistics(o, n, g, stiefax.layouts.qk_labels))(
     params, new, grads
   )
   assert sorted(stats) == [
@@ -245,7 +246,9 @@ def test_step_statistics_nnx_under_jit():
 
   grads = nnx.as_pure(train_step(model, optimizer))
   new = nnx.as_pure(nnx.state(model, nnx.Param))
-  stats = jax.jit(lambda o, n, g: step_statistics(o, n, g, stiefax.flax.qk_labels))(old, new, grads)
+  stats = jax.jit(lambda o, n, g: step_statistics(o, n, g, stiefax.layouts.qk_labels))(
+    old, new, grads
+  )
   assert sorted(stats) == ["attn/key/kernel", "attn/query/kernel"]
   check_stats(stats, old, new, grads)
 
@@ -295,8 +298,8 @@ def test_isometry_error_with_labels(rng):
       "value": {"kernel": 3.0 * kernel(rng, dtype=np.float32)},
     }
   }
-  labels = stiefax.flax.qk_labels(params)
-  assert float(stiefax.diagnostics.isometry_error(params, stiefax.flax.qk_labels)) < 1e-5
+  labels = stiefax.layouts.qk_labels(params)
+  assert float(stiefax.diagnostics.isometry_error(params, stiefax.layouts.qk_labels)) < 1e-5
   assert float(stiefax.diagnostics.isometry_error(params, labels)) < 1e-5
   # labels=None means the query/key frames (qk_labels), so the value kernel is left out.
   assert float(stiefax.diagnostics.isometry_error(params)) < 1e-5

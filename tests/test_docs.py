@@ -188,7 +188,7 @@ def test_sphinx_roles_become_cross_references():
     "stiefax.flax",
   )
   assert text == (
-    "Use [`qk_frames`][stiefax.flax.qk_frames] and [`stiefax.FrameSpec`][stiefax.FrameSpec]"
+    "Use [`qk_frames`][stiefax.layouts.qk_frames] and [`stiefax.FrameSpec`][stiefax.FrameSpec]"
     " (see [`FrameSpec.rest`][stiefax.FrameSpec.rest], [`polar`][stiefax.geometry.polar],"
     " `jax.numpy.linalg.svd`):\n\n    code:\n"
   )

@@ -35,12 +35,14 @@ def _gaussian(i, dtype):
 def test_16bit_frames_pass_eager_init(dtype):
   for params in (_tree(dtype, _orthonormal), stiefax.flax.project_params(_tree(dtype, _gaussian))):
     # The rounding is real (above the float32 tolerance for bfloat16) ...
-    err = float(stiefax.diagnostics.isometry_error(params, stiefax.flax.qk_labels))
+    err = float(stiefax.diagnostics.isometry_error(params, stiefax.layouts.qk_labels))
     assert 0 < err < 4 * float(jnp.finfo(dtype).eps)
-    stiefax.stiefel_adamw(1e-3, 0.05).init(params)  # ... and init accepts it eagerly.
+    stiefax.stiefel_adamw(1e-3, weight_decay=0.05).init(params)  # ... and init accepts it eagerly.
   # The float32 tolerance, asked for explicitly, rejects bfloat16 rounding.
   if dtype == jnp.bfloat16:
-    strict = stiefax.stiefel_adamw(1e-3, 0.05, stiefel=stiefax.riemannian_adam(init_tol=1e-3))
+    strict = stiefax.stiefel_adamw(
+      1e-3, weight_decay=0.05, stiefel=stiefax.riemannian_adam(1.0, init_tol=1e-3)
+    )
     with pytest.raises(ValueError, match=r"\['attn'\]\['(query|key)'\]\['kernel'\].*bfloat16"):
       strict.init(_tree(dtype, _orthonormal))
 
@@ -49,11 +51,11 @@ def test_init_tolerance_scales_with_dtype_and_can_be_overridden():
   w = np.asarray(_orthonormal(0, jnp.float32))
   w = w * np.float32(1.002)  # max|W^T W - I| = 0.004
   with pytest.raises(ValueError, match=r"0\.004.* > 0\.001"):
-    stiefax.riemannian_adam().init(jnp.asarray(w))
-  stiefax.riemannian_adam(init_tol=1e-2).init(jnp.asarray(w))
-  stiefax.riemannian_adam().init(jnp.asarray(w, jnp.bfloat16))  # bfloat16: 0.031
+    stiefax.riemannian_adam(1.0).init(jnp.asarray(w))
+  stiefax.riemannian_adam(1.0, init_tol=1e-2).init(jnp.asarray(w))
+  stiefax.riemannian_adam(1.0).init(jnp.asarray(w, jnp.bfloat16))  # bfloat16: 0.031
   with pytest.raises(ValueError, match=r"> 0\.031"):
-    stiefax.riemannian_adam().init(jnp.asarray(w * 1.03, jnp.bfloat16))
+    stiefax.riemannian_adam(1.0).init(jnp.asarray(w * 1.03, jnp.bfloat16))
 
 
 def test_nnx_bfloat16_attention_with_orthonormal_init_builds_an_optimizer():
@@ -65,13 +67,13 @@ def test_nnx_bfloat16_attention_with_orthonormal_init_builds_an_optimizer():
     param_dtype=jnp.bfloat16,
     kernel_init=stiefax.flax.orthonormal_init(),
   )
-  nnx.Optimizer(model, stiefax.stiefel_adamw(1e-3, 0.05), wrt=nnx.Param)  # eager init
+  nnx.Optimizer(model, stiefax.stiefel_adamw(1e-3, weight_decay=0.05), wrt=nnx.Param)  # eager init
 
 
 @pytest.mark.timeout(120)
 def test_100_bfloat16_steps_keep_frames_at_bfloat16_rounding():
   params = _tree(jnp.bfloat16, _orthonormal)
-  tx = stiefax.stiefel_adamw(1e-3, 0.05)
+  tx = stiefax.stiefel_adamw(1e-3, weight_decay=0.05)
   state = tx.init(params)
 
   @jax.jit
@@ -87,7 +89,7 @@ def test_100_bfloat16_steps_keep_frames_at_bfloat16_rounding():
   new, _ = train(params, state)
   q = new["attn"]["query"]["kernel"]
   assert q.dtype == jnp.bfloat16
-  assert float(stiefax.diagnostics.isometry_error(new, stiefax.flax.qk_labels)) <= 1e-2
+  assert float(stiefax.diagnostics.isometry_error(new, stiefax.layouts.qk_labels)) <= 1e-2
   moved = jnp.max(jnp.abs(q.astype(jnp.float32) - params["attn"]["query"]["kernel"]))
   assert float(moved) > 0.1
 
@@ -95,7 +97,7 @@ def test_100_bfloat16_steps_keep_frames_at_bfloat16_rounding():
 @pytest.mark.parametrize("fused", [True, False])
 def test_float32_frames_with_bfloat16_gradients_keep_float32_isometry(fused):
   w = _orthonormal(0, jnp.float32)
-  tx = stiefax.riemannian_adam(fused=fused)
+  tx = stiefax.riemannian_adam(1.0, fused=fused)
   state = tx.init(w)
 
   @jax.jit
@@ -129,7 +131,7 @@ def test_integer_and_complex_frames_raise_naming_path_and_dtype(dtype):
   with pytest.raises(ValueError, match=rf"{where}.*{name}"):
     stiefax.flax.project_params(params)
   with pytest.raises(ValueError, match=rf"{where}.*{name}"):
-    stiefax.diagnostics.isometry_error(params, stiefax.flax.qk_labels)
+    stiefax.diagnostics.isometry_error(params, stiefax.layouts.qk_labels)
 
 
 def test_zero_size_and_shape_errors_name_the_path():
@@ -137,9 +139,9 @@ def test_zero_size_and_shape_errors_name_the_path():
   for shape in [(0, 2, 8), (32, 0, 8), (32, 2, 0)]:
     params = {"blocks": {"0": {"query": {"kernel": jnp.ones(shape)}}}}
     with pytest.raises(ValueError, match=rf"{where}.*zero-size"):
-      stiefax.riemannian_adam().init(params)
+      stiefax.riemannian_adam(1.0).init(params)
   wide = {"blocks": {"0": {"query": {"kernel": jnp.ones((4, 2, 8))}}}}
   with pytest.raises(ValueError, match=rf"{where}.*r <= d"):
-    stiefax.riemannian_adam().init(wide)
+    stiefax.riemannian_adam(1.0).init(wide)
   with pytest.raises(ValueError, match=rf"{where}.*does not exist"):
-    stiefax.riemannian_adam(frames=stiefax.FrameSpec(row_axis=5)).init(wide)
+    stiefax.riemannian_adam(1.0, frames=stiefax.FrameSpec(row_axis=5)).init(wide)

@@ -61,9 +61,9 @@ def xent(logits, y):
 
 def test_qk_labels_linen_paths():
   params = LinenEncoder().init(jax.random.key(0), toy_data()[0])
-  labels = stiefax.flax.qk_labels(params)
+  labels = stiefax.layouts.qk_labels(params)
   flat = {
-    "/".join(stiefax.flax.path_names(p)): l
+    "/".join(stiefax.layouts.path_names(p)): l
     for p, l in jax.tree_util.tree_flatten_with_path(labels)[0]
   }
   frames = sorted(k for k, l in flat.items() if l == "stiefel")
@@ -82,7 +82,7 @@ def test_qk_labels_match_whole_names_only():
     "value": {"kernel": 0},
     "query": {"kernel": 0, "sub": {"kernel": 0}},
   }
-  labels = stiefax.flax.qk_labels(tree)
+  labels = stiefax.layouts.qk_labels(tree)
   assert labels == {
     "my_query": {"kernel": "adamw"},
     "key": {"bias": "adamw", "kernel": "stiefel"},
@@ -96,7 +96,7 @@ def test_qk_labels_nnx_init_and_update_paths():
   at_init = nnx.state(model, nnx.Param)  # Variables: paths end in `.value`
   at_update = nnx.as_pure(at_init)  # plain arrays
   for tree in (at_init, at_update):
-    labels = jax.tree.leaves(stiefax.flax.qk_labels(tree))
+    labels = jax.tree.leaves(stiefax.layouts.qk_labels(tree))
     assert labels.count("stiefel") == 2 and len(labels) == len(jax.tree.leaves(tree))
 
 
@@ -116,7 +116,7 @@ def test_project_params_and_penalty(rng):
   params = LinenEncoder().init(jax.random.key(0), toy_data()[0])
   assert float(stiefax.flax.orthogonality_penalty(params)) > 1.0
   snapped = stiefax.flax.project_params(params)
-  assert float(stiefax.diagnostics.isometry_error(snapped, stiefax.flax.qk_labels)) < 1e-5
+  assert float(stiefax.diagnostics.isometry_error(snapped, stiefax.layouts.qk_labels)) < 1e-5
   assert float(stiefax.flax.orthogonality_penalty(snapped)) < 1e-9
   # Everything else is untouched, and the snap is the nearest frame.
   kernel = params["params"]["MultiHeadDotProductAttention_0"]["query"]["kernel"]
@@ -141,7 +141,7 @@ def _linen_setup(polar):
   x, y = toy_data()
   params = stiefax.flax.project_params(model.init(jax.random.key(1), x))
   tx = stiefax.stiefel_adamw(
-    1e-2, weight_decay=0.01, stiefel=stiefax.riemannian_adam(0.5, polar=polar)
+    1e-2, weight_decay=0.01, stiefel=stiefax.riemannian_adam(0.5, method=polar)
   )
 
   def step(carry, _):
@@ -171,7 +171,7 @@ def test_linen_training_step_jit_five_calls_and_scan(polar):
   scanned = jax.jit(lambda c: jax.lax.scan(step, c, None, length=60))
   (new, _), scan_losses = scanned(carry)
   assert float(scan_losses[-1]) < losses[0] * 0.8
-  labels = stiefax.flax.qk_labels(new)
+  labels = stiefax.layouts.qk_labels(new)
   assert float(stiefax.diagnostics.isometry_error(new, labels)) <= 2e-5
   # Every Euclidean parameter trained; every frame moved on the manifold.
   moved = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), new, params)
@@ -194,7 +194,7 @@ def test_nnx_optimizer_trains_and_keeps_frames():
   losses = [float(train_step(model, optimizer)) for _ in range(40)]
   assert losses[-1] < 0.8 * losses[0]
   after = nnx.as_pure(nnx.state(model, nnx.Param))
-  assert float(stiefax.diagnostics.isometry_error(after, stiefax.flax.qk_labels)) <= 2e-5
+  assert float(stiefax.diagnostics.isometry_error(after, stiefax.layouts.qk_labels)) <= 2e-5
   moved = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), after, before)
   assert all(m > 0 for m in jax.tree.leaves(moved))
 
@@ -208,13 +208,15 @@ def test_qk_labels_raise_on_unrecognized_attention_names():
   with pytest.raises(
     ValueError, match=r"selects no frame.*blocks_0/self_attn/wq/kernel \(8, 2, 4\)"
   ):
-    stiefax.flax.qk_labels(tree)
+    stiefax.layouts.qk_labels(tree)
   with pytest.raises(ValueError, match="selects no frame"):  # a wrong modules= too
-    stiefax.flax.qk_labels(tree, modules=("w_q", "w_k"))
+    stiefax.layouts.qk_labels(tree, modules=("w_q", "w_k"))
   with pytest.raises(ValueError, match="selects no frame"):
-    stiefax.diagnostics.isometry_error(tree, stiefax.flax.qk_labels)
-  labels = stiefax.flax.qk_labels(tree, modules=("wq", "wk"))
+    stiefax.diagnostics.isometry_error(tree, stiefax.layouts.qk_labels)
+  labels = stiefax.layouts.qk_labels(tree, modules=("wq", "wk"))
   assert jax.tree.leaves(labels) == ["stiefel", "stiefel"]
   # A tree with nothing attention-like is all AdamW, without an error.
-  assert jax.tree.leaves(stiefax.flax.qk_labels({"mlp": {"kernel": jnp.ones((4, 4))}})) == ["adamw"]
-  assert stiefax.flax.attention_like({"mlp": {"kernel": jnp.ones((4, 4))}}) == []
+  assert jax.tree.leaves(stiefax.layouts.qk_labels({"mlp": {"kernel": jnp.ones((4, 4))}})) == [
+    "adamw"
+  ]
+  assert stiefax.layouts.attention_like({"mlp": {"kernel": jnp.ones((4, 4))}}) == []

@@ -1,4 +1,4 @@
-"""``riemannian_adam(fused=True)`` (the default) against the literal chain of transforms.
+"""``riemannian_adam(1.0, fused=True)`` (the default) against the literal chain of transforms.
 
 The fused update shares the ``W^T [g | m]`` products between the projection and the
 moment transport and applies the cap as a per-frame scalar; it must give the chain's
@@ -36,13 +36,14 @@ def _max_diff(a, b):
     dict(max_norm=None, learning_rate=1e-2),
     dict(eps=1e-3, b1=0.8, b2=0.95, max_norm=0.3),
     dict(learning_rate=optax.cosine_decay_schedule(0.5, 10), max_norm=0.05),
-    dict(polar="svd"),
+    dict(method="svd"),
   ],
   ids=["default", "no-cap", "grok-eps", "schedule", "svd"],
 )
 def test_fused_equals_chain_in_float64(x64, rng, projector, kwargs):
   w0 = kernel(rng)
   grads = random_grads(rng, 25, w0.shape)
+  kwargs = {"learning_rate": 1.0, **kwargs}
   fused, f_state = _trajectory(stiefax.riemannian_adam(projector=projector, **kwargs), w0, grads)
   chain, c_state = _trajectory(
     stiefax.riemannian_adam(projector=projector, fused=False, **kwargs), w0, grads
@@ -58,12 +59,12 @@ def test_fused_equals_chain_in_float64(x64, rng, projector, kwargs):
 
 def test_fused_is_the_chain_structure_and_chain_is_literal(rng):
   w = kernel(rng, dtype=np.float32)
-  fused = stiefax.riemannian_adam()
-  chain = stiefax.riemannian_adam(fused=False)
+  fused = stiefax.riemannian_adam(1.0)
+  chain = stiefax.riemannian_adam(1.0, fused=False)
   assert jax.tree.structure(fused.init(w)) == jax.tree.structure(chain.init(w))
   # The elementwise moment always runs as the chain.
-  a = stiefax.riemannian_adam(moment="elementwise")
-  b = stiefax.riemannian_adam(moment="elementwise", fused=False)
+  a = stiefax.riemannian_adam(1.0, moment="elementwise")
+  b = stiefax.riemannian_adam(1.0, moment="elementwise", fused=False)
   g = jnp.asarray(rng.standard_normal(w.shape), jnp.float32)
   ua, _ = a.update(g, a.init(w), w)
   ub, _ = b.update(g, b.init(w), w)
@@ -82,8 +83,8 @@ def test_fused_is_the_chain_structure_and_chain_is_literal(rng):
 def test_fused_layouts_in_float64(x64, rng, frames, shape):
   w0 = stiefax.flax.orthonormal_init(frames)(jax.random.key(0), shape, jnp.float64)
   grads = random_grads(rng, 10, shape)
-  fused, _ = _trajectory(stiefax.riemannian_adam(frames=frames), w0, grads)
-  chain, _ = _trajectory(stiefax.riemannian_adam(frames=frames, fused=False), w0, grads)
+  fused, _ = _trajectory(stiefax.riemannian_adam(1.0, frames=frames), w0, grads)
+  chain, _ = _trajectory(stiefax.riemannian_adam(1.0, frames=frames, fused=False), w0, grads)
   assert _max_diff(fused, chain) < 1e-12
   assert float(stiefax.diagnostics.isometry_error(fused[-1], frames=frames)) < 1e-12
 
@@ -98,7 +99,7 @@ def test_fused_non_finite_gradient_matches_chain(x64, rng):
   bad = good.at[3, 1, 2].set(jnp.nan).at[0, 0, 0].set(jnp.inf)  # frames 1 and 0
   results = []
   for fused in (True, False):
-    tx = stiefax.riemannian_adam(fused=fused)
+    tx = stiefax.riemannian_adam(1.0, fused=fused)
     state = tx.init(w)
     u, state = tx.update(good, state, w)
     w1 = optax.apply_updates(w, u)
@@ -138,8 +139,8 @@ def test_fused_low_precision_close_to_chain(rng, dtype):
       w = optax.apply_updates(w, u)
     return w
 
-  fused = final(stiefax.riemannian_adam())
-  chain = final(stiefax.riemannian_adam(fused=False))
+  fused = final(stiefax.riemannian_adam(1.0))
+  chain = final(stiefax.riemannian_adam(1.0, fused=False))
   assert fused.dtype == dtype
   tol = 2e-2 if dtype == jnp.bfloat16 else 2e-5
   assert _max_diff(fused, chain) < tol

@@ -50,15 +50,15 @@ def inputs(tokens):
 
 def frames_found(params):
   """(path, shape, number of frames) of every parameter labelled a frame."""
-  labels = stiefax.flax.qk_labels(params)
-  view = stiefax.flax.qk_frames()
+  labels = stiefax.layouts.qk_labels(params)
+  view = stiefax.layouts.qk_frames()
   out = []
   for (path, w), label in zip(
     jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(labels)
   ):
     if label == "stiefel":
       n = int(np.prod(view(path, w).batch_shape(w.shape)))
-      out.append(("/".join(stiefax.flax.path_names(path)), w.shape, n))
+      out.append(("/".join(stiefax.layouts.path_names(path)), w.shape, n))
   return out
 
 
@@ -88,7 +88,7 @@ def test_trains_under_jit_frames_orthonormal_values_as_adamw():
   params = stiefax.flax.project_params(params)
   assert float(stiefax.diagnostics.isometry_error(params)) <= 1e-5
   tx = stiefax.stiefel_adamw(1e-2, weight_decay=0.05)
-  adamw = optax.adamw(1e-2, weight_decay=0.05, mask=stiefax.alias.decay_mask)
+  adamw = optax.adamw(1e-2, weight_decay=0.05, mask=stiefax.layouts.decay_mask)
   state, ref_state = tx.init(params), adamw.init(params)
 
   def loss_fn(params, tokens):

@@ -129,7 +129,7 @@ def test_paper_model_and_split_shapes():
   assert "block_2" not in p
   assert p["readout_hidden"]["kernel"].shape == (3 * 128, 128)
   assert p["readout_out"]["kernel"].shape == (128, 97)
-  labels = jax.tree.leaves(stiefax.flax.qk_labels(params))
+  labels = jax.tree.leaves(stiefax.layouts.qk_labels(params))
   assert labels.count("stiefel") == 4
 
 
@@ -137,7 +137,7 @@ def test_arms_share_circuit_init_and_differ_in_frames():
   a2 = grok.init_params(TINY, grok.ARMS["A2"], 3)
   b2 = grok.init_params(TINY, grok.ARMS["B2"], 3)
   sn = grok.init_params(TINY, grok.ARMS["B2-sn"], 3)
-  labels = stiefax.flax.qk_labels(a2)
+  labels = stiefax.layouts.qk_labels(a2)
   for lab, x, y, z in zip(*(jax.tree.leaves(t) for t in (labels, a2, b2, sn))):
     if lab == "stiefel":
       assert not np.allclose(x, y)  # B2 snapped onto the manifold, A2 not
@@ -146,8 +146,8 @@ def test_arms_share_circuit_init_and_differ_in_frames():
       np.testing.assert_array_equal(x, y)
       scale = 0.1 if x.ndim >= 2 else 1.0
       np.testing.assert_allclose(z, scale * np.asarray(x), rtol=1e-6)
-  assert float(stiefax.diagnostics.isometry_error(b2, stiefax.flax.qk_labels)) < 2e-6
-  assert float(stiefax.diagnostics.isometry_error(a2, stiefax.flax.qk_labels)) > 1e-2
+  assert float(stiefax.diagnostics.isometry_error(b2, stiefax.layouts.qk_labels)) < 2e-6
+  assert float(stiefax.diagnostics.isometry_error(a2, stiefax.layouts.qk_labels)) > 1e-2
   other_seed = grok.init_params(TINY, grok.ARMS["A2"], 4)
   emb = lambda p: p["params"]["token_embed"]["embedding"]
   assert not np.allclose(emb(other_seed), emb(a2))

@@ -24,7 +24,7 @@ def attention_params(rng):
 
 def test_resolve_labels_none_is_qk_labels_and_a_single_array_is_a_frame(rng):
   params = attention_params(rng)
-  assert lb.resolve_labels(params) == stiefax.flax.qk_labels(params)
+  assert lb.resolve_labels(params) == stiefax.layouts.qk_labels(params)
   assert lb.resolve_labels(params)["value"]["kernel"] == lb.EUCLIDEAN_LABEL
   assert lb.resolve_labels(params["query"]["kernel"]) == lb.STIEFEL_LABEL
   tree = jax.tree.map(lambda _: "adamw", params)
@@ -72,7 +72,7 @@ def test_stiefel_adamw_and_project_params_take_a_single_array(rng):
 
 def test_euclidean_label_value_is_kept():
   assert (lb.STIEFEL_LABEL, lb.EUCLIDEAN_LABEL) == ("stiefel", "adamw")
-  assert stiefax.alias.EUCLIDEAN_LABEL == lb.EUCLIDEAN_LABEL
+  assert stiefax.layouts.EUCLIDEAN_LABEL == lb.EUCLIDEAN_LABEL
 
 
 def test_deprecated_frames_label():

@@ -146,12 +146,12 @@ MODELS = {
 
 
 def _frames_arg(counts):
-  return None if counts is None else stiefax.flax.qk_frames(**counts)
+  return None if counts is None else stiefax.layouts.qk_frames(**counts)
 
 
 def _selected(labels):
   flat = jax.tree_util.tree_flatten_with_path(labels)[0]
-  return sorted("/".join(stiefax.flax.path_names(p)[1:]) for p, l in flat if l == "stiefel")
+  return sorted("/".join(stiefax.layouts.path_names(p)[1:]) for p, l in flat if l == "stiefel")
 
 
 def _iso(frames):
@@ -162,7 +162,7 @@ def _iso(frames):
 @pytest.mark.parametrize("name", MODELS)
 def test_labels_select_exactly_the_query_key_weights(rng, name):
   make, _, _, expected = MODELS[name]
-  assert _selected(stiefax.flax.qk_labels(make(rng))) == expected
+  assert _selected(stiefax.layouts.qk_labels(make(rng))) == expected
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -179,11 +179,11 @@ def test_project_params_orthonormalizes_every_head_and_keeps_v_bit_identical(rng
   for v, v0 in zip(vs, vs0):
     np.testing.assert_array_equal(v, v0)
   # Every other parameter too.
-  labels = stiefax.flax.qk_labels(params)
+  labels = stiefax.layouts.qk_labels(params)
   for lab, a, b in zip(jax.tree.leaves(labels), jax.tree.leaves(snapped), jax.tree.leaves(params)):
     if lab == "adamw":
       np.testing.assert_array_equal(a, b)
-  iso = stiefax.diagnostics.isometry_error(snapped, stiefax.flax.qk_labels, _frames_arg(counts))
+  iso = stiefax.diagnostics.isometry_error(snapped, stiefax.layouts.qk_labels, _frames_arg(counts))
   assert float(iso) < 1e-5
 
 
@@ -250,18 +250,18 @@ def test_dense_layouts_need_the_head_count(rng, name):
   with pytest.raises(ValueError, match="head count cannot be read"):
     stiefax.flax.project_params(params)
   with pytest.raises(ValueError, match=r"not a multiple of 5|cannot split"):
-    stiefax.flax.project_params(params, frames=stiefax.flax.qk_frames(head_dim=5))
-  stiefax.stiefel_adamw(1e-3, frames=stiefax.flax.qk_frames(**counts)).init(
-    stiefax.flax.project_params(params, frames=stiefax.flax.qk_frames(**counts))
+    stiefax.flax.project_params(params, frames=stiefax.layouts.qk_frames(head_dim=5))
+  stiefax.stiefel_adamw(1e-3, frames=stiefax.layouts.qk_frames(**counts)).init(
+    stiefax.flax.project_params(params, frames=stiefax.layouts.qk_frames(**counts))
   )
 
 
 def test_llama_key_heads_are_not_guessed_from_query_heads(rng):
   params = llama(rng)
   with pytest.raises(ValueError, match=r"k_proj/kernel.*num_kv_heads"):
-    stiefax.flax.project_params(params, frames=stiefax.flax.qk_frames(num_heads=H))
-  both = stiefax.flax.qk_frames(num_heads=H, num_kv_heads=K)
-  by_dim = stiefax.flax.qk_frames(head_dim=R)
+    stiefax.flax.project_params(params, frames=stiefax.layouts.qk_frames(num_heads=H))
+  both = stiefax.layouts.qk_frames(num_heads=H, num_kv_heads=K)
+  by_dim = stiefax.layouts.qk_frames(head_dim=R)
   a = stiefax.flax.project_params(params, frames=both)
   b = stiefax.flax.project_params(params, frames=by_dim)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
@@ -274,12 +274,12 @@ def test_a_known_name_with_another_rank_raises(rng):
     stiefax.flax.project_params(stacked)
   spec = stiefax.FrameSpec(row_axis=2)  # the caller states the layout
   out = stiefax.flax.project_params(stacked, frames=spec)
-  assert float(stiefax.diagnostics.isometry_error(out, stiefax.flax.qk_labels, spec)) < 1e-5
+  assert float(stiefax.diagnostics.isometry_error(out, stiefax.layouts.qk_labels, spec)) < 1e-5
 
 
 def test_gemma_default_recipe_needs_no_arguments(rng):
   params = stiefax.flax.project_params(gemma(rng))
-  tx = stiefax.stiefel_adamw(1e-3, 0.05)
+  tx = stiefax.stiefel_adamw(1e-3, weight_decay=0.05)
   state = tx.init(params)
   rest = state.inner_states["stiefel"].inner_state.rest
   shapes = sorted(x.shape for x in jax.tree.leaves(rest[0].mu))

@@ -63,9 +63,9 @@ def test_gemma_layout_and_one_norm_per_head():
     attn = v["params"]["layer_0"]["attn"]
     assert attn["q_einsum"]["w"].shape == (c.heads, c.d_model, c.head_dim)
     assert attn["kv_einsum"]["w"].shape == (2, c.kv_heads, c.d_model, c.head_dim)
-    labels = stiefax.flax.qk_labels(v)
+    labels = stiefax.layouts.qk_labels(v)
     frames = [
-      "/".join(stiefax.flax.path_names(p))
+      "/".join(stiefax.layouts.path_names(p))
       for p, lab in jax.tree_util.tree_flatten_with_path(labels)[0]
       if lab == "stiefel"
     ]

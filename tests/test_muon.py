@@ -153,7 +153,7 @@ def test_composes_with_stiefel_adamw_and_schedules():
 
   model = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8)
   x = jnp.ones((1, 3, 8))
-  params = stiefax.flax.project_params(model.init(jax.random.key(0), x), stiefax.flax.qk_labels)
+  params = stiefax.flax.project_params(model.init(jax.random.key(0), x), stiefax.layouts.qk_labels)
   schedule = optax.linear_schedule(0.1, 0.0, 10)
   tx = stiefax.stiefel_adamw(1e-3, stiefel=stiefax.manifold_muon(schedule))
   state = tx.init(params)
@@ -165,7 +165,7 @@ def test_composes_with_stiefel_adamw_and_schedules():
   for _ in range(3):
     updates, state = step(params, state)
     params = optax.apply_updates(params, updates)
-  assert float(stiefax.diagnostics.isometry_error(params, stiefax.flax.qk_labels)) < 1e-5
+  assert float(stiefax.diagnostics.isometry_error(params, stiefax.layouts.qk_labels)) < 1e-5
 
 
 def test_bad_arguments_are_clear_errors(rng):

@@ -34,9 +34,9 @@ def _skipped(state):
 @pytest.mark.parametrize(
   "make",
   [
-    lambda: stiefax.riemannian_adam(),
-    lambda: stiefax.riemannian_adam(moment="elementwise", learning_rate=0.03),
-    lambda: stiefax.riemannian_sgd(),
+    lambda: stiefax.riemannian_adam(1.0),
+    lambda: stiefax.riemannian_adam(0.03, moment="elementwise"),
+    lambda: stiefax.riemannian_sgd(0.02),
   ],
   ids=["B2", "elementwise", "sgd"],
 )
@@ -72,14 +72,16 @@ def test_non_finite_inside_stiefel_adamw_and_apply_if_finite(rng):
     "query": {"kernel": grads["query"]["kernel"].at[0, 2, 0].set(jnp.nan)},
     "dense": grads["dense"],
   }
-  tx = stiefax.stiefel_adamw(1e-2, 0.1)
+  tx = stiefax.stiefel_adamw(1e-2, weight_decay=0.1)
   u, state = tx.update(bad, tx.init(params), params)
   new = optax.apply_updates(params, u)
   np.testing.assert_array_equal(new["query"]["kernel"][:, 2], params["query"]["kernel"][:, 2])
   assert bool(jnp.all(jnp.isfinite(new["query"]["kernel"])))
   assert _skipped(state) == 1
   # Whole-step skipping composes on top: nothing moves, the error is counted.
-  guarded = optax.apply_if_finite(stiefax.stiefel_adamw(1e-2, 0.1), max_consecutive_errors=5)
+  guarded = optax.apply_if_finite(
+    stiefax.stiefel_adamw(1e-2, weight_decay=0.1), max_consecutive_errors=5
+  )
   gstate = guarded.init(params)
   u, gstate = jax.jit(guarded.update)(bad, gstate, params)
   assert all(bool(jnp.all(x == 0)) for x in jax.tree.leaves(u))
@@ -88,7 +90,7 @@ def test_non_finite_inside_stiefel_adamw_and_apply_if_finite(rng):
   assert int(gstate.notfinite_count) == 0
   assert (
     float(
-      stiefax.diagnostics.isometry_error(optax.apply_updates(params, u), stiefax.flax.qk_labels)
+      stiefax.diagnostics.isometry_error(optax.apply_updates(params, u), stiefax.layouts.qk_labels)
     )
     < 1e-5
   )
@@ -97,7 +99,7 @@ def test_non_finite_inside_stiefel_adamw_and_apply_if_finite(rng):
 @pytest.mark.parametrize("dtype, bound", [(jnp.bfloat16, 1e-2), (jnp.float16, 1.5e-3)])
 def test_low_precision_keeps_dtype_and_orthonormality(dtype, bound):
   w0 = stiefax.flax.orthonormal_init()(jax.random.key(0), (64, 4, 16), dtype)
-  tx = stiefax.riemannian_adam()
+  tx = stiefax.riemannian_adam(1.0)
   steps = 1000
 
   @jax.jit
@@ -122,7 +124,7 @@ def test_low_precision_keeps_dtype_and_orthonormality(dtype, bound):
 
 def test_float64_params_stay_float64(x64, rng):
   w = kernel(rng)
-  tx = stiefax.riemannian_adam()
+  tx = stiefax.riemannian_adam(1.0)
   u, _state = tx.update(jnp.ones_like(w), tx.init(w), w)
   assert u.dtype == jnp.float64
   assert float(stiefax.diagnostics.isometry_error(optax.apply_updates(w, u))) < 1e-13
@@ -137,7 +139,7 @@ def test_no_drift_over_long_float32_runs(r, method):
   steps = 20_000 if LONG else 300
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", RuntimeWarning)
-    tx = stiefax.riemannian_adam(polar=method)
+    tx = stiefax.riemannian_adam(1.0, method=method)
   w0 = stiefax.flax.orthonormal_init()(jax.random.key(r), (128, 2, r))
 
   @jax.jit
@@ -169,7 +171,7 @@ def test_orbax_checkpoint_resumes_bit_identically(tmp_path):
   y = (x[:, 0, 0] > 0).astype(jnp.int32)
   params = stiefax.flax.project_params(model.init(jax.random.key(1), x))
   tx = stiefax.stiefel_adamw(
-    1e-2, 0.05, stiefel=stiefax.riemannian_adam(optax.cosine_decay_schedule(1.0, 20))
+    1e-2, weight_decay=0.05, stiefel=stiefax.riemannian_adam(optax.cosine_decay_schedule(1.0, 20))
   )
 
   @jax.jit
@@ -226,7 +228,7 @@ def _check_properties(d, r_frac, batch, log_scale, dtype, moment):
   r = max(1, round(r_frac * d))
   shape = (d, *batch, r)  # rows first, batch axes in the middle
   with jax.enable_x64(dtype == "float64"):
-    tx = stiefax.riemannian_adam(moment=moment)
+    tx = stiefax.riemannian_adam(1.0, moment=moment)
     w = jnp.asarray(ref_frames(shape), dtype)
 
     @jax.jit

@@ -96,7 +96,7 @@ def test_scalar_moment_matches_reference_float64(x64, rng):
 @pytest.mark.parametrize("moment", ["scalar", "elementwise"])
 def test_zero_gradient_with_eps_zero_is_a_zero_step(rng, moment):
   w = kernel(rng, dtype=np.float32)
-  tx = stiefax.riemannian_adam(eps=0.0, moment=moment)
+  tx = stiefax.riemannian_adam(1.0, eps=0.0, moment=moment)
   state = tx.init(w)
   for _ in range(2):  # also on the very first step, where v_hat = 0
     out, state = tx.update(jnp.zeros_like(w), state, w)
@@ -165,14 +165,14 @@ def test_unknown_strings_list_the_valid_ones():
   with pytest.raises(ValueError, match="valid projectors are"):
     stiefax.scalar_moment(projector="oblique")
   with pytest.raises(ValueError, match="valid projectors are"):
-    stiefax.riemannian_adam(projector="oblique")
+    stiefax.riemannian_adam(1.0, projector="oblique")
   with pytest.raises(ValueError, match="valid moments are"):
-    stiefax.riemannian_adam(moment="adafactor")
+    stiefax.riemannian_adam(1.0, moment="adafactor")
 
 
 def test_r_greater_than_d_names_the_shape_at_init():
   with pytest.raises(ValueError, match=r"\(4, 2, 8\)"):
-    stiefax.riemannian_adam().init(jnp.zeros((4, 2, 8)))
+    stiefax.riemannian_adam(1.0).init(jnp.zeros((4, 2, 8)))
 
 
 def tangent(rng, w, scale=0.5):
@@ -223,7 +223,7 @@ def test_retraction_choice_in_the_aliases_and_jitted_loops(rng, retraction):
   a = rng.standard_normal((D, D))
   a = jnp.asarray(a + a.T, jnp.float32)
   for tx in (
-    stiefax.riemannian_adam(retraction=retraction),
+    stiefax.riemannian_adam(1.0, retraction=retraction),
     stiefax.riemannian_sgd(0.05, retraction=retraction),
   ):
 
@@ -244,8 +244,8 @@ def test_retraction_choice_in_the_aliases_and_jitted_loops(rng, retraction):
 def test_fused_adam_with_each_retraction_matches_the_chain(x64, rng):
   w = kernel(rng)
   for retraction in stiefax.RETRACTIONS:
-    fused = stiefax.riemannian_adam(retraction=retraction)
-    chain = stiefax.riemannian_adam(retraction=retraction, fused=False)
+    fused = stiefax.riemannian_adam(1.0, retraction=retraction)
+    chain = stiefax.riemannian_adam(1.0, retraction=retraction, fused=False)
     s1, s2 = fused.init(w), chain.init(w)
     for _ in range(3):
       g = jnp.asarray(rng.standard_normal(w.shape))
@@ -253,14 +253,14 @@ def test_fused_adam_with_each_retraction_matches_the_chain(x64, rng):
       u2, s2 = chain.update(g, s2, w)
       np.testing.assert_allclose(u1, u2, atol=1e-11)
     if retraction != "polar":
-      assert float(jnp.max(jnp.abs(u1 - stiefax.riemannian_adam().update(g, s1, w)[0]))) > 0
+      assert float(jnp.max(jnp.abs(u1 - stiefax.riemannian_adam(1.0).update(g, s1, w)[0]))) > 0
 
 
 def test_unknown_retraction_is_a_clear_error():
   for make in (
     lambda: stiefax.retract(retraction="exp"),
-    lambda: stiefax.riemannian_adam(retraction="exp"),
-    lambda: stiefax.riemannian_sgd(retraction="exp"),
+    lambda: stiefax.riemannian_adam(1.0, retraction="exp"),
+    lambda: stiefax.riemannian_sgd(0.02, retraction="exp"),
   ):
     with pytest.raises(ValueError, match="Unknown retraction 'exp'; valid retractions are"):
       make()

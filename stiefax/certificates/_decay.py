@@ -71,7 +71,7 @@ def decay_is_normal(seed: int = 0, *, vacuous: bool = False) -> Certificate:
 def adam_ignores_decay(seed: int = 0, *, vacuous: bool = False) -> Certificate:
   """Adding ``lambda W`` to every gradient leaves the Riemannian Adam trajectory unchanged.
 
-  ``stiefax.riemannian_adam()`` for 10 steps on ``f(W) = -tr(W^T A W)`` with and
+  ``stiefax.riemannian_adam(1.0)`` for 10 steps on ``f(W) = -tr(W^T A W)`` with and
   without the coupled L2 gradient ``lambda W`` (``lambda = 0.5``); residual
   ``max|W_T(lambda) - W_T(0)|`` (Proposition 8). Control: Euclidean Adam
   (``optax.adamw(1e-2, weight_decay=0)``), which the term moves.

@@ -93,7 +93,7 @@ def scalar_moment_equivariance(
 ) -> Certificate:
   """The corrected Riemannian Adam is ``O(d)``-equivariant (Proposition 7, Table 9).
 
-  :func:`stiefax.diagnostics.equivariance_violation` of ``stiefax.riemannian_adam()``
+  :func:`stiefax.diagnostics.equivariance_violation` of ``stiefax.riemannian_adam(1.0)``
   (``d=24, r=6``, three heads, 15 steps, worst of 5 rotations). Control: the
   elementwise ("naive") Riemannian Adam, ``riemannian_adam(0.03, moment="elementwise")``.
 

@@ -22,7 +22,7 @@ cached_tx = functools.lru_cache(maxsize=None)
 
 @cached_tx
 def adam_tx(lr=1.0, eps=1e-8, max_norm=TAU, moment="scalar"):
-  return riemannian_adam(lr, 0.9, 0.999, eps, max_norm, moment=moment)
+  return riemannian_adam(lr, b1=0.9, b2=0.999, eps=eps, max_norm=max_norm, moment=moment)
 
 
 @cached_tx

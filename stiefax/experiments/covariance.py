@@ -62,7 +62,7 @@ OPTIMIZERS: dict[str, tuple[str, Callable[[], optax.GradientTransformation]]] = 
     "riemannian_sgd (PA16)",
     lambda: optim.frame_rule(ARMS["B2-SGD"], optim.Hyper(frame_lr=0.02)),
   ),
-  "hyperball": ("hyperball_adam", lambda: stiefax.hyperball_adam(eps=0.0)),
+  "hyperball": ("hyperball_adam", lambda: stiefax.hyperball_adam(1.0, eps=0.0)),
 }
 
 #: Optimizers whose points live on St(d, r).
@@ -250,7 +250,7 @@ def elr_trace(
   to zero and the gradients stay stochastic), trained on minibatches of ``batch``
   with mean squared error. Every arm starts from the same point with orthonormal
   query/key frames and uses AdamW (lr 1e-2, weight decay 0.05 on rank >= 2 tensors)
-  for the other parameters; the frames get ``riemannian_adam()`` (B2: lr_R 1.0,
+  for the other parameters; the frames get ``riemannian_adam(1.0)`` (B2: lr_R 1.0,
   tau 0.1, eps 1e-8), ``riemannian_adam(10.0)`` or the same AdamW.
 
   Returns:
@@ -269,8 +269,8 @@ def elr_trace(
   x = jax.random.normal(kx, (n, 8, 16))
   clean: Any = model.apply(model.init(kt, x[:1]), x)
   y = clean + noise * jax.random.normal(kn, x.shape)
-  params0 = stiefax.flax.project_params(model.init(ks, x[:1]), stiefax.flax.qk_labels)
-  labels = stiefax.flax.qk_labels(params0)
+  params0 = stiefax.flax.project_params(model.init(ks, x[:1]), stiefax.layouts.qk_labels)
+  labels = stiefax.layouts.qk_labels(params0)
   frames = stiefax.FrameSpec()
   tau = 0.1
 

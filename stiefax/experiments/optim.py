@@ -51,7 +51,7 @@ class Hyper:
 
 
 def decay_mask(params: Any) -> Any:
-  """True on the tensors of rank >= 2: :func:`stiefax.alias.decay_mask`."""
+  """True on the tensors of rank >= 2: :func:`stiefax.layouts.decay_mask`."""
   from stiefax import alias  # pylint: disable=g-import-not-at-top
 
   return alias.decay_mask(params)
@@ -67,10 +67,10 @@ def frame_rule(arm: Arm, h: Hyper):
   rule, opts = arm.frames, dict(arm.options)
   where: dict = {} if h.frames is None else {"frames": h.frames}
   if rule == "riemannian_adam":
-    kw: dict = dict(b1=h.b1, b2=h.b2, eps=h.eps, max_norm=h.max_norm, polar=h.polar)
+    kw: dict = dict(b1=h.b1, b2=h.b2, eps=h.eps, max_norm=h.max_norm, method=h.polar)
     return stiefax.riemannian_adam(h.frame_lr, **{**kw, **where, **opts})
   if rule == "riemannian_sgd":
-    return stiefax.riemannian_sgd(h.frame_lr, **{"polar": h.polar, **where, **opts})
+    return stiefax.riemannian_sgd(h.frame_lr, **{"method": h.polar, **where, **opts})
   if rule == "manifold_muon":
     return stiefax.manifold_muon(h.frame_lr, **{**where, **opts})
   if rule == "muon":
@@ -119,7 +119,7 @@ def _make_optimizer(arm: Arm, h: Hyper):
     )
   return stiefax.stiefel_adamw(
     h.adamw_lr,
-    h.weight_decay,
+    weight_decay=h.weight_decay,
     b1=h.b1,
     b2=h.b2,
     eps=h.adamw_eps,

@@ -128,13 +128,13 @@ def _make_model(config: GrokConfig, attention: str):
 def _query_labels(params):
   import stiefax  # pylint: disable=g-import-not-at-top
 
-  return stiefax.flax.qk_labels(params, modules=("query",))
+  return stiefax.layouts.qk_labels(params, modules=("query",))
 
 
 def _key_labels(params):
   import stiefax  # pylint: disable=g-import-not-at-top
 
-  return stiefax.flax.qk_labels(params, modules=("key",))
+  return stiefax.layouts.qk_labels(params, modules=("key",))
 
 
 def _trained(variables):
@@ -165,7 +165,7 @@ def init_params(config: GrokConfig, arm: Arm, seed: int):
   import stiefax  # pylint: disable=g-import-not-at-top
 
   params = _jitted_init(config, arm.attention)(jax.random.key(seed), jnp.zeros((1, 3), jnp.int32))
-  labels = stiefax.flax.qk_labels(params)
+  labels = stiefax.layouts.qk_labels(params)
   if arm.circuit_init_scale != 1.0:
     s = arm.circuit_init_scale
     params = jax.tree.map(
@@ -269,8 +269,8 @@ def programs(config: GrokConfig, arm: Arm, vmapped: bool = False, donate: bool =
     new_params = attention_lib.with_state(optax.apply_updates(params, updates), state)
     # Effective learning rate per group (W_Q/W_K frames, other matrices, vectors),
     # keeping the parameter/update inner product (stiefax.covariance).
-    summary = stiefax.covariance.update_summary(
-      _trained(params), _trained(new_params), stiefax.flax.qk_labels
+    summary = stiefax.elr.update_summary(
+      _trained(params), _trained(new_params), stiefax.layouts.qk_labels
     )
     elr = {f"elr_{k.split('/')[0]}": v for k, v in summary.items() if k.endswith("/elr")}
     return (new_params, opt_state, data), elr

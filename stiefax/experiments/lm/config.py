@@ -141,7 +141,7 @@ def frame_rate(arm: Arm, config: LMConfig) -> Optional[float]:
 def make_optimizer(arm: Arm, config: LMConfig):
   """``optax.adamw`` or ``stiefax.stiefel_adamw`` with the arm's frame rule, on schedules.
 
-  The frames are found by name in Gemma's layout (:func:`stiefax.flax.qk_frames`).
+  The frames are found by name in Gemma's layout (:func:`stiefax.layouts.qk_frames`).
   """
   import stiefax  # pylint: disable=g-import-not-at-top
 
@@ -157,6 +157,6 @@ def make_optimizer(arm: Arm, config: LMConfig):
       eps=config.eps,
       max_norm=config.max_norm,
       adamw_eps=config.eps,
-      frames=stiefax.flax.qk_frames(),
+      frames=stiefax.layouts.qk_frames(),
     ),
   )

@@ -12,8 +12,8 @@ and grouped-query heads laid out as Gemma lays them out: ``q_einsum/w`` of shape
 ``(H, d, r)`` and one fused ``kv_einsum/w`` of shape ``(2, K, d, r)`` whose first slice
 holds the keys and second the values (each key/value head serves ``H / K`` query
 heads); the output is ``attn_vec_einsum/w (H, r, d)``. So every query head and every
-key head is a frame in St(d, r) that :func:`stiefax.flax.qk_labels` and
-:func:`stiefax.flax.qk_frames` find by name, and the value slice is not.
+key head is a frame in St(d, r) that :func:`stiefax.layouts.qk_labels` and
+:func:`stiefax.layouts.qk_frames` find by name, and the value slice is not.
 
 The attention variants of :mod:`stiefax.experiments.attention`:
 

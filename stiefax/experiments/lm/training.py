@@ -112,7 +112,7 @@ def programs(arm: Arm, config: LMConfig) -> Programs:
     loss=jax.jit(summed_loss),
     probe=jax.jit(probe),
     isometry=jax.jit(
-      lambda v: stiefax.diagnostics.isometry_error(v, frames=stiefax.flax.qk_frames())
+      lambda v: stiefax.diagnostics.isometry_error(v, frames=stiefax.layouts.qk_frames())
     ),
   )
 
@@ -149,7 +149,7 @@ def init_params(arm: Arm, config: LMConfig, seed: int) -> Any:
   variables = programs(arm, config).init(jax.random.key(seed))
   if arm.orthonormal:
     params = stiefax.flax.project_params(
-      {"params": variables["params"]}, frames=stiefax.flax.qk_frames()
+      {"params": variables["params"]}, frames=stiefax.layouts.qk_frames()
     )
     variables = {**variables, **params}
   return variables

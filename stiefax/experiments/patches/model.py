@@ -112,7 +112,7 @@ def isometry_fn():
 
   import stiefax  # pylint: disable=g-import-not-at-top
 
-  return jax.jit(lambda p: stiefax.diagnostics.isometry_error(p, stiefax.flax.qk_labels))
+  return jax.jit(lambda p: stiefax.diagnostics.isometry_error(p, stiefax.layouts.qk_labels))
 
 
 def frame_paths(params) -> list[int]:
@@ -124,7 +124,7 @@ def frame_paths(params) -> list[int]:
 
   import stiefax  # pylint: disable=g-import-not-at-top
 
-  labels = jax.tree.leaves(stiefax.flax.qk_labels(params))
+  labels = jax.tree.leaves(stiefax.layouts.qk_labels(params))
   return [i for i, lab in enumerate(labels) if lab == "stiefel"]
 
 

@@ -83,7 +83,7 @@ class Trainer:
       loss = jnp.sum(ce * w) / jnp.maximum(jnp.sum(w), 1.0)
       total = loss
       if lam is not None:
-        total = total + lam * stiefax.flax.orthogonality_penalty(params, stiefax.flax.qk_labels)
+        total = total + lam * stiefax.flax.orthogonality_penalty(params, stiefax.layouts.qk_labels)
       correct = jnp.sum((jnp.argmax(logits, -1) == y) * w)
       return total, (loss, correct, state)
 
