@@ -32,6 +32,7 @@ import optax
 
 from stiefax.frames import FramesLike
 from stiefax.frames import FrameSpec
+from stiefax.labels import LabelsLike
 from stiefax.labels import label_mask
 from stiefax.layouts import STIEFEL_LABEL
 from stiefax.layouts import resolve_frames
@@ -95,14 +96,14 @@ class Action:
     return lambda params, *args, **kwargs: loss_fn(self.backward(params), *args, **kwargs)
 
 
-def _map_selected(fn: Callable, params: Any, labels: Any, label: str) -> Any:
+def _map_selected(fn: Callable, params: Any, labels: LabelsLike, label: str) -> Any:
   """Applies ``fn(path, leaf)`` to the selected leaves, the identity elsewhere."""
   mask = iter(label_mask(params, labels, label))
   return jax.tree_util.tree_map_with_path(lambda path, x: fn(path, x) if next(mask) else x, params)
 
 
 def _frame_matmul(
-  mat: jax.Array, params: Any, frames: FramesLike, labels: Any, label: str, side: str
+  mat: jax.Array, params: Any, frames: FramesLike, labels: LabelsLike, label: str, side: str
 ) -> Any:
   """``M W`` (side ``"left"``) or ``W M`` (``"right"``) for every selected frame."""
 
@@ -138,7 +139,7 @@ def left_rotation(
   q: jax.Array,
   frames: FramesLike = FrameSpec(),
   *,
-  labels: Any = None,
+  labels: LabelsLike = None,
   label: str = STIEFEL_LABEL,
 ) -> Action:
   """The left action ``W -> Q W`` of ``Q`` in ``O(d)`` on every frame.
@@ -162,7 +163,8 @@ def left_rotation(
   Args:
     q: an orthogonal ``(d, d)`` matrix, or a batch of them broadcasting against the
       frames' batch shape (one per head, say).
-    frames: how each leaf is viewed as frames.
+    frames: how each leaf is viewed as frames (``None``:
+      :func:`stiefax.layouts.qk_frames`).
     labels: which leaves to act on: ``None`` (default: the query/key weights found by
       :func:`stiefax.layouts.qk_labels`; a single array is acted on whole), a label tree
       or a callable ``params -> labels`` (see :func:`stiefax.labels.resolve_labels`).
@@ -184,7 +186,7 @@ def right_rotation(
   r: jax.Array,
   frames: FramesLike = FrameSpec(),
   *,
-  labels: Any = None,
+  labels: LabelsLike = None,
   label: str = STIEFEL_LABEL,
 ) -> Action:
   """The right action ``W -> W R`` of ``R`` in ``O(r)`` on every frame (the gauge).
@@ -208,7 +210,8 @@ def right_rotation(
   Args:
     r: an orthogonal ``(r, r)`` matrix, or a batch of them broadcasting against the
       frames' batch shape.
-    frames: how each leaf is viewed as frames.
+    frames: how each leaf is viewed as frames (``None``:
+      :func:`stiefax.layouts.qk_frames`).
     labels: which leaves to act on: ``None`` (default: the query/key weights found by
       :func:`stiefax.layouts.qk_labels`; a single array is acted on whole), a label tree
       or a callable ``params -> labels`` (see :func:`stiefax.labels.resolve_labels`).
@@ -226,7 +229,7 @@ def right_rotation(
   )
 
 
-def rescale(c: float, *, labels: Any = None, label: str = STIEFEL_LABEL) -> Action:
+def rescale(c: float, *, labels: LabelsLike = None, label: str = STIEFEL_LABEL) -> Action:
   """Positive rescaling ``w -> c w`` of parameters.
 
   ``phi(w) = c w``, ``phi^{-1}(w) = w / c``; ``l'(w) = l(w / c)`` has gradient

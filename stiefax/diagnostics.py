@@ -24,6 +24,7 @@ from typing import Any
 from typing import NamedTuple
 from typing import Optional
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
@@ -31,11 +32,11 @@ import optax
 from stiefax import geometry
 from stiefax.frames import FramesLike
 from stiefax.frames import FrameSpec
+from stiefax.labels import LabelsLike
 from stiefax.labels import label_mask
 from stiefax.layouts import STIEFEL_LABEL
 from stiefax.layouts import checked_frames
 from stiefax.layouts import path_names
-from stiefax.layouts import qk_frames
 from stiefax.layouts import resolve_frames
 
 __all__ = [
@@ -49,13 +50,11 @@ __all__ = [
 ]
 
 
-def _labelled_leaves(params: Any, labels: Any, label: str, frames: Optional[FramesLike]):
+def _labelled_leaves(params: Any, labels: LabelsLike, label: str, frames: FramesLike):
   """``[(index, path, spec, leaf)]`` for the labelled leaves (see ``resolve_labels``).
 
   ``index`` is the leaf's position in ``jax.tree.leaves(params)``.
   """
-  if frames is None:
-    frames = qk_frames()
   flat = jax.tree_util.tree_flatten_with_path(params)[0]
   return [
     (i, p, checked_frames(frames, p, x), x)
@@ -64,7 +63,7 @@ def _labelled_leaves(params: Any, labels: Any, label: str, frames: Optional[Fram
   ]
 
 
-def _frame_leaves(params: Any, labels: Any, label: str, frames: Optional[FramesLike]):
+def _frame_leaves(params: Any, labels: LabelsLike, label: str, frames: FramesLike):
   """``[(spec, leaf)]`` for the labelled leaves."""
   return [(spec, x) for _, _, spec, x in _labelled_leaves(params, labels, label, frames)]
 
@@ -76,8 +75,8 @@ def _wide(x: jax.Array) -> jax.Array:
 
 def isometry_error(
   params: Any,
-  labels: Any = None,
-  frames: Optional[FramesLike] = None,
+  labels: LabelsLike = None,
+  frames: FramesLike = None,
   *,
   label: str = STIEFEL_LABEL,
 ) -> jax.Array:
@@ -97,8 +96,9 @@ def isometry_error(
       :func:`stiefax.layouts.qk_labels`; a single array is one frame parameter), a label
       tree or a callable ``params -> labels`` (see
       :func:`stiefax.labels.resolve_labels`).
-    frames: how each leaf is viewed as frames (default
-      :func:`stiefax.layouts.qk_frames`, which reads the layout from the name).
+    frames: how each leaf is viewed as frames (``None``:
+      :func:`stiefax.layouts.qk_frames`, which reads the layout from the name; see
+      :func:`stiefax.layouts.resolve_frames`).
     label: the label that marks frames.
 
   Returns:
@@ -120,7 +120,7 @@ def isometry_error(
   return jnp.max(jnp.stack([e.astype(jnp.float32) for e in errs]))
 
 
-def tangency_error(w: jax.Array, x: jax.Array, frames: FrameSpec = FrameSpec()) -> jax.Array:
+def tangency_error(w: chex.Array, x: chex.Array, frames: FramesLike = FrameSpec()) -> chex.Array:
   """``max |W^T X + X^T W|``: zero when ``X`` is tangent to ``St(d, r)`` at ``W``.
 
   Example:
@@ -132,12 +132,15 @@ def tangency_error(w: jax.Array, x: jax.Array, frames: FrameSpec = FrameSpec()) 
   Args:
     w: a frame parameter.
     x: an update of the same shape.
-    frames: how both are viewed as frames.
+    frames: how both are viewed as frames (a :class:`stiefax.FrameSpec`, or a
+      callable ``(path, array) -> FrameSpec`` called with an empty path; ``None``:
+      :func:`stiefax.layouts.resolve_frames` at the root path, ``FrameSpec()``).
 
   Returns:
     A scalar.
   """
-  wf, xf = frames.to_frames(w), frames.to_frames(x)
+  spec = resolve_frames(frames, (), w)
+  wf, xf = spec.to_frames(w), spec.to_frames(x)
   s = geometry.mT(wf) @ xf
   return jnp.max(jnp.abs(s + geometry.mT(s)))
 
@@ -219,7 +222,8 @@ def gauge_content(
     g_q: Euclidean gradient (or any update) for ``w_q``, same shape.
     g_k: Euclidean gradient for ``w_k``, same shape.
     frames: how the four arrays are viewed as frames (a :class:`stiefax.FrameSpec`, or
-      a callable ``(path, array) -> FrameSpec``, called with an empty path).
+      a callable ``(path, array) -> FrameSpec``, called with an empty path; ``None``:
+      :func:`stiefax.layouts.resolve_frames` at the root path, ``FrameSpec()``).
 
   Returns:
     A :class:`GaugeContent` of the frames' batch shape, computed in float32 or wider.
@@ -401,8 +405,8 @@ def step_statistics(
   old_params: Any,
   new_params: Any,
   grads: Any,
-  labels: Any = None,
-  frames: Optional[FramesLike] = None,
+  labels: LabelsLike = None,
+  frames: FramesLike = None,
   *,
   label: str = STIEFEL_LABEL,
   projector: str = "stiefel",
@@ -439,8 +443,8 @@ def step_statistics(
       :func:`stiefax.layouts.qk_labels`; a single array is one frame parameter), a label
       tree or a callable ``params -> labels`` (see
       :func:`stiefax.labels.resolve_labels`).
-    frames: how each leaf is viewed as frames (default
-      :func:`stiefax.layouts.qk_frames`).
+    frames: how each leaf is viewed as frames (``None``:
+      :func:`stiefax.layouts.qk_frames`; see :func:`stiefax.layouts.resolve_frames`).
     label: the label that marks frames.
     projector: ``"stiefel"`` (default), ``"grassmann"`` or ``"canonical"``: which
       tangent gradient to measure.

@@ -12,15 +12,16 @@ zero; with ``<Delta, w> = 0`` it is the usual ``||Delta|| / ||w||``.
 :func:`effective_learning_rate`, :func:`angular_update` and :func:`update_summary`
 are pure ``jnp`` and run inside jitted training loops.
 
-The functions here are re-exported by :mod:`stiefax.covariance` (and the per-step ones
-by :mod:`stiefax.diagnostics`), their documented home.
+``frames=`` chooses what one value is measured over: :func:`whole_leaf` (the default
+of :func:`effective_learning_rate` and :func:`angular_update`) takes each leaf whole,
+a :class:`stiefax.FrameSpec` or callable takes each frame, and ``None`` means
+:func:`stiefax.layouts.qk_frames`, as everywhere in stiefax.
 """
 
 from __future__ import annotations
 
 from typing import Any
 from typing import NamedTuple
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -29,12 +30,14 @@ import numpy as np
 from stiefax._routing import per_leaf
 from stiefax.frames import FramesLike
 from stiefax.frames import FrameSpec
+from stiefax.labels import LabelsLike
 from stiefax.labels import label_mask
 from stiefax.layouts import STIEFEL_LABEL
 from stiefax.layouts import resolve_frames
 from stiefax.sphere import frame_axes
 
 __all__ = [
+  "whole_leaf",
   "ELR",
   "effective_learning_rate",
   "angular_update",
@@ -61,9 +64,32 @@ class ELR(NamedTuple):
   angle: Any
 
 
-def _reduce_axes(frames: Optional[FramesLike], path: Any, x: jax.Array) -> tuple[int, ...]:
-  if frames is None:
-    return tuple(range(x.ndim))
+def whole_leaf(path: Any, leaf: Any) -> FrameSpec:
+  """The ``frames=`` that measures each leaf whole: one frame spanning every axis.
+
+  Rows on axis 0 and columns on all the others, so the frame of a leaf is the leaf
+  itself (a vector or a scalar is one frame whatever the spec says; see
+  :func:`stiefax.sphere.frame_axes`).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from stiefax.elr import whole_leaf
+    >>> whole_leaf((), jnp.zeros((8, 2, 4)))
+    FrameSpec(row_axis=0, col_axes=(1, 2))
+
+  Args:
+    path: the leaf's key path (unused).
+    leaf: the array.
+
+  Returns:
+    A :class:`stiefax.FrameSpec`.
+  """
+  del path
+  ndim = jnp.ndim(leaf)
+  return FrameSpec(0, tuple(range(1, ndim))) if ndim >= 2 else FrameSpec()
+
+
+def _reduce_axes(frames: FramesLike, path: Any, x: jax.Array) -> tuple[int, ...]:
   return frame_axes(resolve_frames(frames, path, x), x.shape)
 
 
@@ -82,11 +108,12 @@ def _elr_leaf(w: jax.Array, w_new: jax.Array, axes: tuple[int, ...]):
   return squeeze(radial), squeeze(tangential), squeeze(angle)
 
 
-def effective_learning_rate(old: Any, new: Any, frames: Optional[FramesLike] = None) -> ELR:
+def effective_learning_rate(old: Any, new: Any, frames: FramesLike = whole_leaf) -> ELR:
   """Radial part, effective learning rate and angle of the update ``old -> new``.
 
-  With ``Delta = new - old`` and ``w = old``, per leaf (``frames=None``) or per frame
-  (``frames`` a :class:`stiefax.FrameSpec` or callable)::
+  With ``Delta = new - old`` and ``w = old``, per leaf (``frames=whole_leaf``, the
+  default) or per frame (``frames`` a :class:`stiefax.FrameSpec`, a callable, or
+  ``None`` for :func:`stiefax.layouts.qk_frames`)::
 
       radial     = <Delta, w> / ||w||^2
       tangential = ||Delta - radial w|| / ||w||
@@ -111,8 +138,9 @@ def effective_learning_rate(old: Any, new: Any, frames: Optional[FramesLike] = N
   Args:
     old: parameters before the update (an array or a tree).
     new: parameters after the update, same structure.
-    frames: ``None`` for one value per leaf, or how each leaf is viewed as frames
-      for one value per frame (vectors are one frame).
+    frames: :func:`whole_leaf` (default) for one value per leaf, or how each leaf is
+      viewed as frames for one value per frame (vectors are one frame; ``None``:
+      :func:`stiefax.layouts.qk_frames`).
 
   Returns:
     An :class:`ELR` of trees like ``old``.
@@ -124,7 +152,7 @@ def effective_learning_rate(old: Any, new: Any, frames: Optional[FramesLike] = N
   )
 
 
-def angular_update(old: Any, new: Any, frames: Optional[FramesLike] = None) -> Any:
+def angular_update(old: Any, new: Any, frames: FramesLike = whole_leaf) -> Any:
   """The angle (radians) between each leaf (or frame) before and after an update.
 
   ``angle(w_t, w_{t+1}) = atan2(||Delta - radial w||, ||w|| + <Delta, w> / ||w||)``,
@@ -139,7 +167,8 @@ def angular_update(old: Any, new: Any, frames: Optional[FramesLike] = None) -> A
   Args:
     old: parameters before the update.
     new: parameters after the update.
-    frames: ``None`` (per leaf) or how each leaf is viewed as frames (per frame).
+    frames: :func:`whole_leaf` (default; per leaf) or how each leaf is viewed as
+      frames (per frame; ``None``: :func:`stiefax.layouts.qk_frames`).
 
   Returns:
     A tree like ``old`` of scalars (per leaf) or per-frame arrays.
@@ -150,7 +179,7 @@ def angular_update(old: Any, new: Any, frames: Optional[FramesLike] = None) -> A
 def update_summary(
   old: Any,
   new: Any,
-  labels: Any = None,
+  labels: LabelsLike = None,
   frames: FramesLike = FrameSpec(),
   *,
   label: str = STIEFEL_LABEL,
@@ -191,7 +220,8 @@ def update_summary(
       :func:`stiefax.layouts.qk_labels`; a single array is one frame parameter), a label
       tree or a callable ``params -> labels`` (see
       :func:`stiefax.labels.resolve_labels`).
-    frames: how the labelled leaves are viewed as frames.
+    frames: how the labelled leaves are viewed as frames (``None``:
+      :func:`stiefax.layouts.qk_frames`).
     label: the label that marks frames.
     groups: optional group names per leaf, overriding the default grouping.
 

@@ -28,7 +28,6 @@ __all__ = [
   "stiefel_project",
   "grassmann_project",
   "canonical_gradient",
-  "project",
   "step_norm_cap",
 ]
 

@@ -1,4 +1,9 @@
-"""The library's module graph: no import cycles, no reaching into private names."""
+"""The library's module graph and its names.
+
+No import cycles, no reaching into private names, and one home per public name: every
+name is defined in exactly one module and exported from ``stiefax`` or from one
+documented submodule (the modules of the API reference), never from two.
+"""
 
 import ast
 import pathlib
@@ -54,8 +59,9 @@ def test_library_modules_form_no_import_cycle():
     visit(m)
 
 
-def test_labels_is_a_leaf_module():
-  assert not set(_imports("labels")), _imports("labels")
+def test_frames_and_layouts_are_leaf_modules():
+  assert not set(_imports("frames")), _imports("frames")
+  assert set(_imports("layouts")) == {"frames"}, _imports("layouts")
 
 
 def test_imports_are_at_module_level():
@@ -118,3 +124,147 @@ def test_tests_do_not_import_test_modules():
         if any(m.startswith("tests.test_") for m in mods):
           offenders.append(f"{path.name}: from {node.module} import ...")
   assert not offenders, offenders
+
+
+# ----------------------------------------------------------------------------
+# One home per public name.
+# ----------------------------------------------------------------------------
+
+HOOK = PACKAGE.parent / "docs" / "hooks" / "stiefax_docs.py"
+
+
+def _documented_modules() -> tuple[str, ...]:
+  """``API_MODULES`` of the documentation hook: the modules of the API reference."""
+  for node in ast.parse(HOOK.read_text(encoding="utf-8")).body:
+    if isinstance(node, ast.AnnAssign | ast.Assign):
+      targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+      if any(isinstance(t, ast.Name) and t.id == "API_MODULES" for t in targets):
+        return tuple(ast.literal_eval(node.value))
+  raise AssertionError("API_MODULES not found in the documentation hook")
+
+
+def _module_path(module: str) -> pathlib.Path:
+  parts = module.split(".")[1:]
+  base = PACKAGE.joinpath(*parts)
+  return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+
+
+def _library_files() -> dict[str, pathlib.Path]:
+  """``{module: path}`` of every library module (the experiment harness aside)."""
+  out = {}
+  for path in PACKAGE.rglob("*.py"):
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    if "experiments" in rel.parts:
+      continue
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    out[".".join(parts)] = path
+  return out
+
+
+def _dunder_all(path: pathlib.Path) -> list[str]:
+  for node in ast.parse(path.read_text(encoding="utf-8")).body:
+    if isinstance(node, ast.Assign) and any(
+      isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+    ):
+      return list(ast.literal_eval(node.value))
+  return []
+
+
+def _defined(path: pathlib.Path) -> set[str]:
+  """The names a module defines at its top level (functions, classes, assignments)."""
+  names = set()
+  for node in ast.parse(path.read_text(encoding="utf-8")).body:
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+      names.add(node.name)
+    elif isinstance(node, ast.Assign):
+      names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+      names.add(node.target.id)
+  return names
+
+
+def _imported_from(path: pathlib.Path) -> dict[str, str]:
+  """``{name: module}`` of the top-level ``from stiefax... import name`` lines."""
+  out = {}
+  for node in ast.parse(path.read_text(encoding="utf-8")).body:
+    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("stiefax"):
+      for a in node.names:
+        out[a.asname or a.name] = node.module
+  return out
+
+
+def _is_private(module: str) -> bool:
+  return any(part.startswith("_") for part in module.split("."))
+
+
+def test_every_public_name_is_defined_in_exactly_one_module():
+  """Defined by one public module, or by one private module that a public one exports
+  it from (``stiefax._matrix.polar`` is ``stiefax.geometry.polar``)."""
+  files = _library_files()
+  exported = {
+    name for m, p in files.items() for name in _dunder_all(p) if f"{m}.{name}" not in files
+  }
+  sources = {
+    source
+    for p in files.values()
+    for name, source in _imported_from(p).items()
+    if name in _dunder_all(p) and _is_private(source)
+  }
+  homes = {
+    name: sorted(
+      m for m, p in files.items() if name in _defined(p) and (not _is_private(m) or m in sources)
+    )
+    for name in exported
+  }
+  several = {name: ms for name, ms in homes.items() if len(ms) != 1}
+  assert not several, f"public names defined in no module or in several: {several}"
+
+
+def test_no_module_but_the_package_re_exports():
+  """A module's ``__all__`` lists what it defines or takes from a private module
+  (``stiefax._matrix``, ``stiefax.certificates._core``); only ``stiefax`` lists names
+  of public modules, those of the undocumented ones."""
+  files = _library_files()
+  bad = []
+  for module, path in files.items():
+    defined, imported = _defined(path), _imported_from(path)
+    for name in _dunder_all(path):
+      if name in defined or f"{module}.{name}" in files:
+        continue
+      source = imported.get(name)
+      if source is None:
+        bad.append(f"{module}.{name}")
+      elif module != "stiefax" and not _is_private(source):
+        bad.append(f"{module}.{name} (from the public {source})")
+  assert not bad, f"names exported by a module that does not define them: {bad}"
+
+
+def test_each_public_name_is_exported_from_one_documented_module():
+  documented = _documented_modules()
+  files = _library_files()
+  where: dict[str, list[str]] = {}
+  for module in documented:
+    for name in _dunder_all(_module_path(module)):
+      if f"{module}.{name}" not in files and not (
+        module == "stiefax" and f"stiefax.{name}" in files
+      ):
+        where.setdefault(name, []).append(module)
+  twice = {name: ms for name, ms in where.items() if len(ms) > 1}
+  assert not twice, f"names exported from several documented modules: {twice}"
+  # The public names of the undocumented modules are exported from stiefax.
+  top = set(_dunder_all(_module_path("stiefax")))
+  missing = [
+    f"{module}.{name}"
+    for module, path in files.items()
+    if module not in documented and not _is_private(module)
+    for name in _dunder_all(path)
+    if name not in top
+  ]
+  assert not missing, f"public names exported from no documented module: {missing}"
+
+
+def test_the_package_exports_what_it_imports():
+  import stiefax
+
+  for name in stiefax.__all__:
+    assert hasattr(stiefax, name), name

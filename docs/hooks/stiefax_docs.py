@@ -36,11 +36,13 @@ API_MODULES = (
   "stiefax",
   "stiefax.geometry",
   "stiefax.muon",
-  "stiefax.flax",
+  "stiefax.layouts",
   "stiefax.labels",
+  "stiefax.flax",
   "stiefax.diagnostics",
   "stiefax.certificates",
   "stiefax.covariance",
+  "stiefax.elr",
   "stiefax.sphere",
 )
 
@@ -53,9 +55,10 @@ def docstring_problems(obj: Any) -> list[str]:
 
   Functions need an example (``>>>``), ``Args:`` when they take parameters and
   ``Returns:``; classes (NamedTuples and dataclasses included) need an example or an
-  ``Attributes:`` section. Modules and plain constants are not checked here.
+  ``Attributes:`` section. Modules, plain constants and type aliases (``typing``
+  forms such as ``FramesLike``) are not checked here.
   """
-  if inspect.ismodule(obj) or not callable(obj):
+  if inspect.ismodule(obj) or not callable(obj) or getattr(obj, "__module__", None) == "typing":
     return []
   doc = inspect.getdoc(obj) or ""
   if inspect.isclass(obj):
