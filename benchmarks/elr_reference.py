@@ -3,9 +3,9 @@
 Trains the digits patch model (``stiefax patches``' encoder, d=16) with
 ``optax.adamw(linear_schedule(lr, 0, T), weight_decay)`` on minibatches, records the
 effective learning rate of the MLP input kernel with
-:func:`stiefax.elr.effective_learning_rate` at every step (the statistic of
+:func:`stiefax.elr_tools.effective_learning_rate` at every step (the statistic of
 ``update_summary``), Adam's update RMS and the weight RMS, and compares them with
-:func:`stiefax.elr.reference_elr_schedule`. Prints the fit and, with
+:func:`stiefax.elr_tools.reference_elr_schedule`. Prints the fit and, with
 ``--plot PATH``, draws the curves.
 
     python -m benchmarks.elr_reference [--steps 400] [--plot docs/img/elr_reference.png]
@@ -14,8 +14,6 @@ effective learning rate of the MLP input kernel with
 import argparse
 
 import numpy as np
-
-from stiefax import covariance
 
 
 def measure_adamw_elr(learning_rate=3e-2, weight_decay=0.1, steps=400, batch=32, seed=0):
@@ -49,7 +47,7 @@ def measure_adamw_elr(learning_rate=3e-2, weight_decay=0.1, steps=400, batch=32,
       g = jax.grad(loss_fn)(p, xs[i], ys[i])
       u, s = tx.update(g, s, p)
       new = optax.apply_updates(p, u)
-      elr = kernel(covariance.effective_learning_rate(p, new).tangential)
+      elr = kernel(elr_tools.effective_learning_rate(p, new).tangential)
       w = kernel(p)
       adam = -(kernel(u) + eta * weight_decay * w) / jnp.maximum(eta, 1e-30)
       rms = lambda a: jnp.sqrt(jnp.mean(jnp.square(a)))
@@ -82,7 +80,7 @@ def main():
   elr, u_rms, w_rms, init_rms = measure_adamw_elr(
     args.lr, args.weight_decay, args.steps, args.batch
   )
-  ref = covariance.reference_elr_schedule(args.lr, args.weight_decay, args.steps, init_rms)
+  ref = elr_tools.reference_elr_schedule(args.lr, args.weight_decay, args.steps, init_rms)
   corr, lo, hi = fit(elr, ref.elr)
   mid = slice(args.steps // 4, 3 * args.steps // 4)
   print(

@@ -11,6 +11,7 @@ import pytest
 import stiefax
 from stiefax import FrameSpec
 from stiefax import covariance as cov
+from stiefax import elr as elr_tools
 from stiefax.experiments import cli
 from tests import reference as ref
 
@@ -148,7 +149,7 @@ def test_action_errors_name_the_shape(rng):
 def test_effective_learning_rate_by_hand(x64):
   old = {"a": jnp.array([3.0, 4.0]), "b": jnp.array(2.0)}
   new = {"a": jnp.array([4.0, 2.0]), "b": jnp.array(3.0)}
-  elr = jax.jit(cov.effective_learning_rate)(old, new)
+  elr = jax.jit(elr_tools.effective_learning_rate)(old, new)
   # a: Delta = (1, -2), <Delta, w> = -5, ||w||^2 = 25, Delta + 0.2 w = (1.6, -1.2).
   assert float(elr.radial["a"]) == pytest.approx(-0.2, abs=1e-15)
   assert float(elr.tangential["a"]) == pytest.approx(0.4, abs=1e-15)
@@ -159,17 +160,17 @@ def test_effective_learning_rate_by_hand(x64):
   # b: a purely radial update.
   assert float(elr.radial["b"]) == pytest.approx(0.5, abs=1e-15)
   assert float(elr.tangential["b"]) == 0.0 and float(elr.angle["b"]) == 0.0
-  angle = cov.angular_update(old, new)
+  angle = elr_tools.angular_update(old, new)
   assert float(angle["a"]) == pytest.approx(float(elr.angle["a"]), abs=1e-15)
 
 
 def test_effective_learning_rate_per_frame(x64):
   old = jnp.array([[[1.0], [0.0]], [[0.0], [2.0]]])  # (d=2, heads=2, r=1)
   new = jnp.array([[[1.0], [0.0]], [[1.0], [2.0]]])  # head 0: (1, 0) -> (1, 1); head 1 still
-  elr = cov.effective_learning_rate(old, new, FrameSpec())
+  elr = elr_tools.effective_learning_rate(old, new, FrameSpec())
   np.testing.assert_allclose(elr.tangential, [1.0, 0.0], atol=1e-15)
   np.testing.assert_allclose(elr.angle, [math.pi / 4, 0.0], atol=1e-15)
-  whole = cov.effective_learning_rate(old, new)  # one value for the whole leaf
+  whole = elr_tools.effective_learning_rate(old, new)  # one value for the whole leaf
   assert whole.tangential.shape == () and 0 < float(whole.tangential) < 1
 
 
@@ -180,14 +181,14 @@ def test_capped_stiefel_step_has_elr_tau(x64, rng, tau):
   g = jnp.asarray(rng.standard_normal(w.shape))
   tx = stiefax.riemannian_adam(1.0, max_norm=tau)  # lr 1: first step has norm 1 > tau sqrt(r)
   u, _ = jax.jit(tx.update)(g, tx.init(w), w)
-  elr = cov.effective_learning_rate(w, optax.apply_updates(w, u), FrameSpec())
+  elr = elr_tools.effective_learning_rate(w, optax.apply_updates(w, u), FrameSpec())
   assert elr.tangential.shape == (3,)
   assert float(jnp.max(jnp.abs(elr.tangential - tau))) < tau**2
   assert float(jnp.max(jnp.abs(elr.radial))) < tau**2  # the retraction's radial part
   # Control: the uncapped step of the same gradient is far from tau.
   tx = stiefax.riemannian_adam(1.0, max_norm=None)
   u, _ = jax.jit(tx.update)(g, tx.init(w), w)
-  loose = cov.effective_learning_rate(w, optax.apply_updates(w, u), FrameSpec())
+  loose = elr_tools.effective_learning_rate(w, optax.apply_updates(w, u), FrameSpec())
   assert float(jnp.min(jnp.abs(loose.tangential - tau))) > tau
 
 
@@ -201,14 +202,16 @@ def test_update_summary_groups():
   grads = jax.grad(lambda p: jnp.sum(jnp.sin(model.apply(p, x))))(params)
   u, _ = jax.jit(tx.update)(grads, tx.init(params), params)
   new = optax.apply_updates(params, u)
-  stats = jax.jit(cov.update_summary, static_argnums=2)(params, new, stiefax.layouts.qk_labels)
+  stats = jax.jit(elr_tools.update_summary, static_argnums=2)(
+    params, new, stiefax.layouts.qk_labels
+  )
   groups = {k.split("/")[0] for k in stats}
   assert groups == {"frames", "matrices", "vectors"}
   assert all(v.shape == () for v in stats.values())
-  per_frame = cov.effective_learning_rate(
+  per_frame = elr_tools.effective_learning_rate(
     params["params"]["query"]["kernel"], new["params"]["query"]["kernel"], FrameSpec()
   )
-  per_frame_k = cov.effective_learning_rate(
+  per_frame_k = elr_tools.effective_learning_rate(
     params["params"]["key"]["kernel"], new["params"]["key"]["kernel"], FrameSpec()
   )
   expected = jnp.mean(jnp.concatenate([per_frame.tangential, per_frame_k.tangential]))
@@ -216,7 +219,7 @@ def test_update_summary_groups():
   # The frames' ELR is the cap (tau = 0.1); AdamW's matrices move by ~1e-2 instead.
   assert abs(float(stats["frames/elr"]) - 0.1) < 0.01
   assert float(stats["matrices/elr"]) < 0.05
-  renamed = cov.update_summary(params, new, groups=jax.tree.map(lambda _: "all", params))
+  renamed = elr_tools.update_summary(params, new, groups=jax.tree.map(lambda _: "all", params))
   assert set(renamed) == {"all/elr", "all/elr_max", "all/radial", "all/angle"}
 
 
@@ -269,14 +272,14 @@ def test_covariance_command_rejects_unknown_names(capsys):
 
 
 def test_reference_elr_schedule_recursion_and_errors(x64):
-  ref = cov.reference_elr_schedule(1e-2, 0.1, 50, 0.05, update_rms=0.2)
+  ref = elr_tools.reference_elr_schedule(1e-2, 0.1, 50, 0.05, update_rms=0.2)
   eta = 1e-2 * (1 - np.arange(50) / 50)
   rms2 = 0.05**2
   for t in range(50):  # the recursion of the docstring, step by step
     np.testing.assert_allclose(ref.weight_rms[t], np.sqrt(rms2), rtol=1e-12)
     np.testing.assert_allclose(ref.elr[t], eta[t] * 0.2 / np.sqrt(rms2), rtol=1e-12)
     rms2 = (1 - eta[t] * 0.1) ** 2 * rms2 + (eta[t] * 0.2) ** 2
-  per_step = cov.reference_elr_schedule(1e-2, 0.1, 50, 0.05, update_rms=np.full(50, 0.2))
+  per_step = elr_tools.reference_elr_schedule(1e-2, 0.1, 50, 0.05, update_rms=np.full(50, 0.2))
   np.testing.assert_allclose(per_step.elr, ref.elr)
   for kwargs, match in (
     (dict(learning_rate=0.0), "learning_rate must be > 0"),
@@ -285,7 +288,7 @@ def test_reference_elr_schedule_recursion_and_errors(x64):
   ):
     args = dict(learning_rate=1e-2, weight_decay=0.1, steps=10, init_rms=0.1) | kwargs
     with pytest.raises(ValueError, match=match):
-      cov.reference_elr_schedule(**args)
+      elr_tools.reference_elr_schedule(**args)
 
 
 def test_reference_elr_schedule_has_the_shape_of_a_real_adamw_run():
@@ -293,7 +296,7 @@ def test_reference_elr_schedule_has_the_shape_of_a_real_adamw_run():
 
   steps = 300
   elr, u_rms, _, init_rms = elr_reference.measure_adamw_elr(3e-2, 0.1, steps, 32)
-  ref = cov.reference_elr_schedule(3e-2, 0.1, steps, init_rms)
+  ref = elr_tools.reference_elr_schedule(3e-2, 0.1, steps, init_rms)
   # The premise: Adam's update RMS is about 0.2 once gradients are noisy (step 0 is ~1).
   assert 0.1 < float(np.median(u_rms[steps // 4 : 3 * steps // 4])) < 0.4
   assert u_rms[0] > 0.9

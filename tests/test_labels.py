@@ -8,6 +8,7 @@ import pytest
 
 import stiefax
 from stiefax import covariance as cov
+from stiefax import elr
 from stiefax import labels as lb
 
 
@@ -41,7 +42,7 @@ def test_every_labels_none_default_selects_the_query_key_frames(rng):
   assert float(stiefax.diagnostics.isometry_error(params)) < 1e-5
   # update_summary: the query/key kernels form the "frames" group (they were matrices).
   new = jax.tree.map(lambda x: 1.1 * x, params)
-  summary = cov.update_summary(params, new)
+  summary = elr.update_summary(params, new)
   assert float(summary["frames/radial"]) == pytest.approx(0.1, rel=1e-5)
   assert "vectors/elr" in summary and "matrices/elr" in summary
   # the covariance actions act on the query/key kernels only (they acted on every leaf).

@@ -36,6 +36,7 @@ import optax
 
 import stiefax
 from stiefax import covariance as cov
+from stiefax import elr
 from stiefax.experiments import optim
 from stiefax.experiments.arms import ARMS
 from stiefax.experiments.cli import CommandError
@@ -302,7 +303,7 @@ def elr_trace(
       loss, g = jax.value_and_grad(loss_fn)(params, xb, yb)
       u, state = tx.update(g, state, params)
       new = optax.apply_updates(params, u)
-      stats = cov.update_summary(params, new, labels, frames)
+      stats = elr.update_summary(params, new, labels, frames)
       stats["loss"] = loss
       stats["frames/norm"] = frame_norm(new)
       stats["isometry"] = stiefax.diagnostics.isometry_error(new, labels)
