@@ -15,6 +15,8 @@ import argparse
 
 import numpy as np
 
+from stiefax import elr as elr_tools
+
 
 def measure_adamw_elr(learning_rate=3e-2, weight_decay=0.1, steps=400, batch=32, seed=0):
   """``(elr, update_rms, weight_rms, init_rms)`` per step of a real AdamW run."""
