@@ -13,6 +13,7 @@ import optax
 
 from stiefax import diagnostics
 from stiefax import geometry
+from stiefax import projections
 from stiefax import transforms
 from stiefax.certificates._core import Certificate
 from stiefax.certificates._core import certificate
@@ -75,10 +76,10 @@ def _column_moment(b1: float, b2: float, eps: float, axis: int) -> optax.Gradien
 @cached_tx
 def _column_adam(axis: int, lr: float):
   return optax.chain(
-    transforms.stiefel_project(),
+    projections.stiefel_project(),
     _column_moment(0.9, 0.999, 1e-8, axis),
     optax.scale_by_learning_rate(lr),
-    transforms.step_norm_cap(TAU),
+    projections.step_norm_cap(TAU),
     transforms.polar_retract(),
   )
 

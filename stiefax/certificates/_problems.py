@@ -18,7 +18,7 @@ import optax
 
 from stiefax import diagnostics
 from stiefax import geometry
-from stiefax import transforms
+from stiefax import projections
 
 # The test problem: frames of Table 9 (d = 24, r = 6, three heads), the step cap of
 # the paper (tau = 0.1), a short sequence of tokens for the attention score function.
@@ -81,9 +81,9 @@ def one_update(tx: optax.GradientTransformation, g, w) -> np.ndarray:
 @functools.cache
 def _projector(kind: str) -> optax.GradientTransformation:
   return {
-    "stiefel": transforms.stiefel_project,
-    "grassmann": transforms.grassmann_project,
-    "canonical": transforms.canonical_gradient,
+    "stiefel": projections.stiefel_project,
+    "grassmann": projections.grassmann_project,
+    "canonical": projections.canonical_gradient,
   }[kind]()
 
 
