@@ -10,6 +10,7 @@ import functools
 
 import optax
 
+from stiefax import projections
 from stiefax import transforms
 from stiefax.alias import riemannian_adam
 from stiefax.alias import riemannian_sgd
@@ -32,7 +33,7 @@ def retract_tx():
 
 @cached_tx
 def cap_tx():
-  return transforms.step_norm_cap(TAU)
+  return projections.step_norm_cap(TAU)
 
 
 @cached_tx
