@@ -28,7 +28,6 @@ from stiefax.alias import FramesAndRestState
 from stiefax.alias import riemannian_adam
 from stiefax.alias import riemannian_sgd
 from stiefax.alias import stiefel_adamw
-from stiefax.frames import FramesLike
 from stiefax.frames import FrameSpec
 from stiefax.muon import ManifoldMuonState
 from stiefax.muon import manifold_muon
@@ -53,7 +52,6 @@ __version__ = "0.2.0"
 
 __all__ = [
   "FrameSpec",
-  "FramesLike",
   "stiefel_project",
   "grassmann_project",
   "canonical_gradient",

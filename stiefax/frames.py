@@ -27,7 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["FrameSpec", "FramesLike"]
+# FramesLike, the type of every ``frames=`` argument, is documented with
+# stiefax.layouts.resolve_frames, which gives it its meaning.
+__all__ = ["FrameSpec"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -317,7 +317,9 @@ def _skips(state) -> list:
 def test_rows6_7_an_injected_setting_that_turns_bad_is_a_counted_skip(fused, bad):
   w = stiefax.flax.orthonormal_init()(jax.random.key(0), (8, 2, 4))
   g = jax.random.normal(jax.random.key(1), w.shape)
-  tx = optax.inject_hyperparams(stiefax.riemannian_adam, static_args=("fused",))(fused=fused)
+  tx = optax.inject_hyperparams(stiefax.riemannian_adam, static_args=("fused",))(
+    learning_rate=1.0, fused=fused
+  )
   state = tx.init(w)
   w, state = _step(tx, w, g, state)
   assert sum(_skips(state)) == 0

@@ -135,10 +135,6 @@ def test_newton_schulz_iteration_counts():
     ("canonical_gradient", "canonical_tangent"),
   ],
 )
-def test_renamed_projections_keep_their_old_names_with_a_warning(old, new):
-  with pytest.warns(DeprecationWarning, match=f"geometry.{old} is deprecated.*geometry.{new}"):
-    fn = getattr(geometry, old)
-  assert fn is getattr(geometry, new)
+def test_the_0_1_names_of_the_projections_are_gone(old, new):
+  assert not hasattr(geometry, old)
   assert old not in geometry.__all__ and new in geometry.__all__
-  with pytest.raises(AttributeError):
-    geometry.no_such_function  # noqa: B018

@@ -10,6 +10,7 @@ import stiefax
 from stiefax import covariance as cov
 from stiefax import elr
 from stiefax import labels as lb
+from stiefax import layouts
 
 
 def attention_params(rng):
@@ -26,8 +27,8 @@ def attention_params(rng):
 def test_resolve_labels_none_is_qk_labels_and_a_single_array_is_a_frame(rng):
   params = attention_params(rng)
   assert lb.resolve_labels(params) == stiefax.layouts.qk_labels(params)
-  assert lb.resolve_labels(params)["value"]["kernel"] == lb.EUCLIDEAN_LABEL
-  assert lb.resolve_labels(params["query"]["kernel"]) == lb.STIEFEL_LABEL
+  assert lb.resolve_labels(params)["value"]["kernel"] == layouts.EUCLIDEAN_LABEL
+  assert lb.resolve_labels(params["query"]["kernel"]) == layouts.STIEFEL_LABEL
   tree = jax.tree.map(lambda _: "adamw", params)
   assert lb.resolve_labels(params, tree) is tree
   assert lb.resolve_labels(params, lambda p: tree) is tree
@@ -72,17 +73,16 @@ def test_stiefel_adamw_and_project_params_take_a_single_array(rng):
 
 
 def test_euclidean_label_value_is_kept():
-  assert (lb.STIEFEL_LABEL, lb.EUCLIDEAN_LABEL) == ("stiefel", "adamw")
-  assert stiefax.layouts.EUCLIDEAN_LABEL == lb.EUCLIDEAN_LABEL
+  assert (layouts.STIEFEL_LABEL, layouts.EUCLIDEAN_LABEL) == ("stiefel", "adamw")
+  assert stiefax.layouts.EUCLIDEAN_LABEL == layouts.EUCLIDEAN_LABEL
 
 
-def test_deprecated_frames_label():
-  with pytest.warns(DeprecationWarning, match="STIEFEL_LABEL"):
-    assert cov.FRAMES_LABEL == lb.STIEFEL_LABEL
+def test_the_0_1_frames_label_is_gone():
+  assert not hasattr(cov, "FRAMES_LABEL")
 
 
 def test_layouts_know_which_weights_are_partly_frames():
-  partial = {(l.module, l.param) for l in lb.LAYOUTS if l.partial}
+  partial = {(l.module, l.param) for l in layouts.LAYOUTS if l.partial}
   assert partial == {("kv_einsum", "w"), ("qkv_einsum", "w"), ("c_attn", "kernel")}
-  assert lb.layout_of(("query", "kernel")) is lb.LAYOUTS[0]
-  assert lb.layout_of(("kernel",)) is None
+  assert layouts.layout_of(("query", "kernel")) is layouts.LAYOUTS[0]
+  assert layouts.layout_of(("kernel",)) is None

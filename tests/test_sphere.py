@@ -24,7 +24,7 @@ def test_sphere_update_without_params_is_a_clear_error(name):
     "sphere_project": stiefax.sphere_project,
     "sphere_retract": stiefax.sphere_retract,
     "sphere_moment": sphere.sphere_moment,
-    "hyperball_adam": stiefax.hyperball_adam,
+    "hyperball_adam": lambda: stiefax.hyperball_adam(1.0),
   }[name]()
   w = jnp.ones((4, 2, 3))
   first = "sphere_project" if name == "hyperball_adam" else name  # the chain's first step

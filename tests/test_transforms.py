@@ -295,21 +295,13 @@ KEYWORD_FRAMES = {
 
 
 @pytest.mark.parametrize("name", sorted(POSITIONAL_FRAMES))
-def test_positional_frames_still_work_with_a_deprecation_warning(rng, name):
+def test_frames_is_keyword_only(rng, name):
+  """The 0.1 positional spelling is gone: ``frames`` is keyword-only."""
   w = jnp.swapaxes(kernel(rng, dtype=np.float32), 0, 1)  # (heads, d, r): row_axis=1
   spec = FrameSpec(row_axis=1)
   g = jnp.asarray(rng.standard_normal(w.shape), jnp.float32)
-  with pytest.warns(DeprecationWarning, match=rf"stiefax.{name}: passing frames positionally"):
-    old = POSITIONAL_FRAMES[name](spec)
-  with warnings.catch_warnings():
-    warnings.simplefilter("error")
-    new = KEYWORD_FRAMES[name](spec)
-  u_old, _ = old.update(g, old.init(w), w)
+  with pytest.raises((TypeError, ValueError)):  # too many arguments, or a spec as a name
+    POSITIONAL_FRAMES[name](spec)
+  new = KEYWORD_FRAMES[name](spec)
   u_new, _ = new.update(g, new.init(w), w)
-  np.testing.assert_array_equal(u_old, u_new)
   assert float(jnp.max(jnp.abs(u_new))) > 0
-
-
-def test_frames_both_by_position_and_by_keyword_is_an_error():
-  with pytest.raises(TypeError, match="both by position and by keyword"):
-    stiefax.step_norm_cap(0.1, FrameSpec(), frames=FrameSpec())
