@@ -159,10 +159,15 @@ def summary_words(records: Sequence[dict]) -> str:
       )
     last = collapses.ends_in_collapse(h, threshold)
     if last is not None:
+      since = (
+        f"below {threshold:g} since epoch {last['start']}"
+        if last["start"] < epochs
+        else "the last evaluation"
+      )
       text += (
         f"; the run ends inside a collapse (train accuracy {m['end_train_acc']:.3f} at"
-        f" epoch {epochs}, below {threshold:g} since epoch {last['start']}), so its end"
-        " accuracy is not its level: see the peak, or train longer"
+        f" epoch {epochs}, {since}), so its end accuracy is not its level: see the peak,"
+        " or train longer"
       )
     iso = m["max_isometry_after_init"]
     text += (
