@@ -32,6 +32,7 @@ from stiefax.experiments.grok.config import ARMS
 from stiefax.experiments.grok.config import PRESETS
 from stiefax.experiments.grok.config import STABILIZED
 from stiefax.experiments.grok.config import GrokConfig
+from stiefax.experiments.grok.quick_seeds import seed_note
 from stiefax.experiments.grok.runs import record_identity
 from stiefax.experiments.grok.runs import run_command
 from stiefax.experiments.grok.runs import run_file_name
@@ -360,5 +361,6 @@ def run(args: argparse.Namespace) -> int:
   print(summary_table(ordered))
   print()
   print(summary_words(ordered))
+  print(seed_note(ordered))
   print(f"{len(ordered)} run(s) in {out}; tables and plots: stiefax report {out}")
   return 0
