@@ -29,8 +29,8 @@ from stiefax.experiments import cli
 from stiefax.experiments import grok
 from stiefax.experiments import patch_data
 from stiefax.experiments import store
+from stiefax.experiments.checkpoints import Checkpoints
 from stiefax.experiments.grok import training as grok_training
-from stiefax.experiments.grok.checkpoints import Checkpoints
 from tests import harness
 
 CONFIG = dataclasses.replace(harness.TINY_GROK, epochs=40, eval_every=20)

@@ -65,7 +65,6 @@ Examples:
   stiefax grok --preset paper --arms A2,B2,B2-frz --seeds 0,1,2,3,4 --stabilize
 """
 
-from stiefax.experiments.grok.checkpoints import Checkpoints
 from stiefax.experiments.grok.command import add_arguments
 from stiefax.experiments.grok.command import checkpoint_interval
 from stiefax.experiments.grok.command import resolve_config
@@ -142,5 +141,4 @@ __all__ = [
   "unstack",
   "train",
   "train_seeds",
-  "Checkpoints",
 ]

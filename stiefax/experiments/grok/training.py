@@ -1,9 +1,9 @@
 """Training a grokking run: data, model, optimizer, the jitted programs and the loop.
 
 Every run is full-batch: one compiled program (``jax.lax.scan``) trains ``eval_every``
-steps and evaluates. A run checkpoints (:class:`~stiefax.experiments.grok.checkpoints.
-Checkpoints`) and resumes to the result of an uninterrupted run; several seeds of an
-arm can train as one program (``jax.vmap``).
+steps and evaluates. A run checkpoints
+(:class:`~stiefax.experiments.checkpoints.Checkpoints`) and resumes to the result of an
+uninterrupted run; several seeds of an arm can train as one program (``jax.vmap``).
 
 An arm's attention (``Arm.attention``: plain, QK-norm or σReparam) picks the attention
 layer (:func:`stiefax.experiments.attention.attention_module`). σReparam's power-iteration
@@ -27,9 +27,9 @@ import numpy as np
 
 from stiefax.experiments import optim
 from stiefax.experiments.arms import Arm
+from stiefax.experiments.checkpoints import Checkpoints
 from stiefax.experiments.cli import CommandError
 from stiefax.experiments.cli import progress_bar
-from stiefax.experiments.grok.checkpoints import Checkpoints
 from stiefax.experiments.grok.config import ARMS
 from stiefax.experiments.grok.config import GrokConfig
 from stiefax.experiments.grok.config import arm_definition
@@ -329,7 +329,7 @@ def train(
   saves one every ``checkpoint_every`` epochs (0: never) and, on SIGINT or SIGTERM,
   saves one at the next evaluation and raises :class:`Stopped` (a
   ``KeyboardInterrupt``). A damaged checkpoint raises
-  :class:`~stiefax.experiments.grok.checkpoints.DamagedCheckpoint`. The arithmetic of a resumed run
+  :class:`~stiefax.experiments.checkpoints.DamagedCheckpoint`. The arithmetic of a resumed run
   is that of the uninterrupted run: the same compiled programs on the same arrays.
   """
   return train_seeds(

@@ -7,7 +7,7 @@ and mean entropy over the first ``probe_windows`` validation windows) and the
 isometry error of the query/key frames. The test loss is measured once, at the end.
 A run whose training loss turns non-finite stops there and is recorded as diverged.
 
-With a :class:`~stiefax.experiments.grok.checkpoints.Checkpoints`, the run resumes
+With a :class:`~stiefax.experiments.checkpoints.Checkpoints`, the run resumes
 from its latest checkpoint, saves one every ``checkpoint_every`` steps and on
 SIGINT/SIGTERM (:class:`~stiefax.experiments.stopping.StopRequest`); the batches
 depend on the step only, so a resumed run is the uninterrupted run.
@@ -188,11 +188,11 @@ def train(
 ) -> dict:
   """Trains one (arm, seed); returns ``{"metrics", "history", "wall_time", ...}``.
 
-  ``checkpoints``: a :class:`~stiefax.experiments.grok.checkpoints.Checkpoints` to
+  ``checkpoints``: a :class:`~stiefax.experiments.checkpoints.Checkpoints` to
   resume from and save to (every ``checkpoint_every`` steps, a multiple of
   ``eval_every``; 0: only on a stop request). A stop request raises
   :class:`~stiefax.experiments.stopping.Stopped` after saving; a damaged checkpoint
-  raises :class:`~stiefax.experiments.grok.checkpoints.DamagedCheckpoint`.
+  raises :class:`~stiefax.experiments.checkpoints.DamagedCheckpoint`.
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top

@@ -1,4 +1,4 @@
-"""A grokking run's training state on disk (Orbax), for resuming an interrupted run."""
+"""A run's training state on disk (Orbax), for resuming an interrupted run (grok, lm)."""
 
 from __future__ import annotations
 
