@@ -17,6 +17,7 @@ import time
 from typing import Any
 from typing import Optional
 
+from stiefax.experiments import flags
 from stiefax.experiments import jobs
 from stiefax.experiments import store
 from stiefax.experiments.checkpoints import Checkpoints
@@ -114,8 +115,8 @@ def resolve_config(args: argparse.Namespace) -> tuple[GrokConfig, list[str], lis
   every = getattr(args, "checkpoint_every", None)
   if every is not None and every < 0:
     raise CommandError(f"--checkpoint-every {every} must be >= 0 (0: only on Ctrl-C).")
-  arms = jobs.parse_arms(args.arms, ARMS, preset["arms"])
-  return config, arms, jobs.parse_seeds(args.seeds, preset["seeds"])
+  arms = flags.parse_arms(args.arms, ARMS, preset["arms"])
+  return config, arms, flags.parse_seeds(args.seeds, preset["seeds"])
 
 
 def _check_optimizer(config: GrokConfig) -> None:

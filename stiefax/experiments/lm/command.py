@@ -17,6 +17,7 @@ import pathlib
 import sys
 import time
 
+from stiefax.experiments import flags
 from stiefax.experiments import jobs
 from stiefax.experiments import store
 from stiefax.experiments.checkpoints import Checkpoints
@@ -106,8 +107,8 @@ def resolve(args: argparse.Namespace) -> tuple[LMConfig, list[str], list[int]]:
   if args.checkpoint_every < 0:
     raise CommandError(f"--checkpoint-every {args.checkpoint_every} must be >= 0.")
   # An empty --arms means the default arms, as no --arms does.
-  arms = jobs.parse_arms(args.arms or None, ARMS, QUICK_ARMS)
-  return config, arms, jobs.parse_seeds(args.seeds, (0,))
+  arms = flags.parse_arms(args.arms or None, ARMS, QUICK_ARMS)
+  return config, arms, flags.parse_seeds(args.seeds, (0,))
 
 
 def best_rate(out: pathlib.Path, arm: str, config: LMConfig, facts: dict, preset: str) -> float:

@@ -16,7 +16,7 @@ from typing import NamedTuple
 from typing import Optional
 
 from stiefax.experiments.arms import Arm
-from stiefax.experiments.patches.settings import Setting
+from stiefax.experiments.patches.config import Setting
 
 __all__ = ["Programs", "make_model", "programs", "init_params", "frame_paths", "isometry_fn"]
 

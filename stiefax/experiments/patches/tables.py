@@ -19,11 +19,11 @@ from typing import Sequence
 import numpy as np
 
 from stiefax.experiments import reporting
+from stiefax.experiments.patches.config import ARMS
+from stiefax.experiments.patches.config import EXPERIMENT
+from stiefax.experiments.patches.config import Setting
 from stiefax.experiments.patches.runs import knob_of
 from stiefax.experiments.patches.runs import run_identity
-from stiefax.experiments.patches.settings import ARMS
-from stiefax.experiments.patches.settings import EXPERIMENT
-from stiefax.experiments.patches.settings import Setting
 from stiefax.experiments.reporting import PAIRED_HEADER
 from stiefax.experiments.reporting import num as _num
 from stiefax.experiments.reporting import paired_cells as _paired_cells

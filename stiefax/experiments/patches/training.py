@@ -16,12 +16,12 @@ import numpy as np
 
 from stiefax.experiments import attention
 from stiefax.experiments import cli
-from stiefax.experiments import patch_data
 from stiefax.experiments.arms import Arm
+from stiefax.experiments.patches import data as data_lib
 from stiefax.experiments.patches import model as model_lib
-from stiefax.experiments.patches.settings import Setting
-from stiefax.experiments.patches.settings import learning_rates
-from stiefax.experiments.patches.settings import make_optimizer
+from stiefax.experiments.patches.config import Setting
+from stiefax.experiments.patches.config import learning_rates
+from stiefax.experiments.patches.config import make_optimizer
 
 __all__ = ["EpochStats", "Trainer", "train"]
 
@@ -188,7 +188,7 @@ PROBE_BATCH = 256
 
 def train(
   trainer: Trainer,
-  data: patch_data.PatchData,
+  data: data_lib.PatchData,
   seed: int,
   *,
   eval_split: str = "test",
