@@ -18,6 +18,7 @@ import jax
 import optax
 
 from benchmarks.common import time_fn
+from stiefax.experiments import optim
 from stiefax.experiments.patches import config as patches_config
 from stiefax.experiments.patches import model as patch_model
 
@@ -53,7 +54,8 @@ def main():
   names = ["A2", "B2"] + [a for a in args.arms.split(",") if a and a not in ("A2", "B2")]
   for name in names:
     arm = patches_config.arm_by_name(name)
-    tx = patches_config.make_optimizer(arm, setting, patches_config.arm_hparams(arm, setting, None))
+    hp = patches_config.arm_hparams(arm, setting, None)
+    tx = optim.make_optimizer(arm, patches_config.hyper(setting, hp))
     params = patch_model.init_params(model, arm, 0, tokens, setting.d)
     steppers[name] = (make_step(model, tx), [(params, tx.init(params))])
 

@@ -17,7 +17,9 @@ import time
 from typing import Any
 from typing import Optional
 
+from stiefax import _routing
 from stiefax.experiments import flags
+from stiefax.experiments import grok
 from stiefax.experiments import jobs
 from stiefax.experiments import store
 from stiefax.experiments.checkpoints import Checkpoints
@@ -42,8 +44,6 @@ __all__ = ["add_arguments", "resolve_config", "checkpoint_interval", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-  from stiefax.experiments import grok  # pylint: disable=g-import-not-at-top
-
   parser.description = grok.__doc__
   parser.formatter_class = argparse.RawDescriptionHelpFormatter
   parser.add_argument(
@@ -121,8 +121,6 @@ def resolve_config(args: argparse.Namespace) -> tuple[GrokConfig, list[str], lis
 
 def _check_optimizer(config: GrokConfig) -> None:
   """The optimizer settings in the optimizers' own ranges (``CommandError`` if not)."""
-  from stiefax import _routing  # pylint: disable=g-import-not-at-top
-
   for arg, field in (
     ("learning_rate", "learning_rate"),
     ("learning_rate", "riemannian_lr"),

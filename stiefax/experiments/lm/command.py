@@ -17,8 +17,11 @@ import pathlib
 import sys
 import time
 
+import jax
+
 from stiefax.experiments import flags
 from stiefax.experiments import jobs
+from stiefax.experiments import lm
 from stiefax.experiments import store
 from stiefax.experiments.checkpoints import Checkpoints
 from stiefax.experiments.checkpoints import DamagedCheckpoint
@@ -27,10 +30,13 @@ from stiefax.experiments.cli import CommandError
 from stiefax.experiments.cli import writable_dir
 from stiefax.experiments.lm import data as data_lib
 from stiefax.experiments.lm import runs as runs_lib
+from stiefax.experiments.lm import tables
+from stiefax.experiments.lm import training
 from stiefax.experiments.lm.config import ARMS
 from stiefax.experiments.lm.config import PRESETS
 from stiefax.experiments.lm.config import SWEEP_RATES
 from stiefax.experiments.lm.config import LMConfig
+from stiefax.experiments.report import load_runs
 
 __all__ = ["add_arguments", "run", "resolve", "best_rate", "Job"]
 
@@ -39,8 +45,6 @@ QUICK_ARMS = ("A2", "A2-qknorm", "B2")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-  from stiefax.experiments import lm  # pylint: disable=g-import-not-at-top
-
   parser.description = lm.__doc__
   parser.formatter_class = argparse.RawDescriptionHelpFormatter
   parser.add_argument(
@@ -117,9 +121,6 @@ def best_rate(out: pathlib.Path, arm: str, config: LMConfig, facts: dict, preset
 
   Raises CommandError when there are none.
   """
-  from stiefax.experiments.lm import tables  # pylint: disable=g-import-not-at-top
-  from stiefax.experiments.report import load_runs  # pylint: disable=g-import-not-at-top
-
   groups, _ = load_runs(out) if out.is_dir() else ({}, [])
   ref = runs_lib.run_config(ARMS[arm], config, facts, preset)
   same = lambda c: {k: v for k, v in c.items() if k != "adamw_lr"}
@@ -152,9 +153,6 @@ class Job(jobs.Job):
 
 
 def run(args: argparse.Namespace) -> int:
-  from stiefax.experiments.lm import tables  # pylint: disable=g-import-not-at-top
-  from stiefax.experiments.lm import training  # pylint: disable=g-import-not-at-top
-
   config, arm_names, seeds = resolve(args)
   if not str(args.out).strip():
     raise CommandError("--out is empty; give a directory for the run files.")
@@ -202,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
       try:
         done = job.finished(repair=True)
         if done is None:
-          done = _train(job, training, every, out, progress=not args.no_progress)
+          done = _train(job, every, out, progress=not args.no_progress)
         records[job.path.name] = done
         if job.ckpt_path.is_dir() and not job.ckpt_path.is_symlink():
           Checkpoints(job.ckpt_path).remove()  # the result is written
@@ -217,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
   return 0
 
 
-def _train(job: Job, training, every: int, out: pathlib.Path, progress: bool) -> dict:
+def _train(job: Job, every: int, out: pathlib.Path, progress: bool) -> dict:
   arm = ARMS[job.arm]
   desc = f"{job.arm} lr={job.config.adamw_lr:g} seed {job.seed}"
   for attempt in (0, 1):
@@ -237,7 +235,6 @@ def _train(job: Job, training, every: int, out: pathlib.Path, progress: bool) ->
       if attempt:
         raise CommandError(f"checkpoint {ckpt.directory}: {e.reason}") from None
       set_aside(ckpt, e, "stiefax lm")
-  import jax  # pylint: disable=g-import-not-at-top
 
   record = {
     "experiment": "lm",

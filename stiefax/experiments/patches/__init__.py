@@ -64,7 +64,7 @@ from stiefax.experiments.patches.config import PROTOCOLS
 from stiefax.experiments.patches.config import Setting
 from stiefax.experiments.patches.config import arm_by_name
 from stiefax.experiments.patches.config import arm_hparams
-from stiefax.experiments.patches.config import make_optimizer
+from stiefax.experiments.patches.config import hyper
 from stiefax.experiments.patches.model import frame_paths
 from stiefax.experiments.patches.model import init_params
 from stiefax.experiments.patches.model import make_model
@@ -96,7 +96,7 @@ __all__ = [
   "arm_hparams",
   "Setting",
   "make_model",
-  "make_optimizer",
+  "hyper",
   "init_params",
   "frame_paths",
   "Trainer",
