@@ -375,8 +375,9 @@ def _read_image_tar(
       if not m.isfile():
         continue
       hit = _split_of(m.name.split("/"))
-      if hit:
-        yield hit[0], hit[1], m.name.rsplit("/", 1)[-1], tar.extractfile(m).read()
+      data = tar.extractfile(m) if hit else None  # never None for a regular file
+      if hit and data is not None:
+        yield hit[0], hit[1], m.name.rsplit("/", 1)[-1], data.read()
 
   return _image_folder(files(), str(path), cache_digest(_file_id(path)), order_seed, progress)
 
