@@ -4,6 +4,7 @@ A bad argument is one line on stderr (``stiefax <command>: error: ...``), exit s
 nothing trained or written.
 """
 
+import ast
 import os
 import pathlib
 import subprocess
@@ -95,6 +96,24 @@ def test_importing_the_command_line_adds_nothing_heavy_to_the_library():
   assert "stiefax.experiments.cli" in modules
   added = _heavy(modules) - library
   assert not added, sorted(added)
+
+
+def test_experiment_modules_import_at_module_level():
+  """Every import of the experiments package is a statement of its module's body."""
+  lazy = []
+  for path in sorted((ROOT / "stiefax" / "experiments").rglob("*.py")):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    top = set()
+    for node in tree.body:  # a module-level ``try`` (an optional dependency) counts too
+      top.add(id(node))
+      if isinstance(node, ast.Try):
+        top.update(id(n) for n in node.body)
+    lazy += [
+      f"{path.relative_to(ROOT)}:{n.lineno}"
+      for n in ast.walk(tree)
+      if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in top
+    ]
+  assert not lazy, lazy
 
 
 @pytest.fixture
