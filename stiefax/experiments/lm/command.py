@@ -38,7 +38,7 @@ from stiefax.experiments.lm.config import SWEEP_RATES
 from stiefax.experiments.lm.config import LMConfig
 from stiefax.experiments.report import load_runs
 
-__all__ = ["add_arguments", "run", "resolve", "best_rate", "Job"]
+__all__ = ["add_arguments", "resolve_config", "best_rate", "Job", "run"]
 
 #: Arms and rate of ``stiefax lm`` with no arguments (the quick preset).
 QUICK_ARMS = ("A2", "A2-qknorm", "B2")
@@ -89,7 +89,7 @@ def _rates(text: str) -> list[float]:
   return list(dict.fromkeys(rates))
 
 
-def resolve(args: argparse.Namespace) -> tuple[LMConfig, list[str], list[int]]:
+def resolve_config(args: argparse.Namespace) -> tuple[LMConfig, list[str], list[int]]:
   """The configuration (before the rate), arms and seeds ``args`` ask for."""
   base = PRESETS[args.preset]
   changes: dict = {}
@@ -153,7 +153,7 @@ class Job(jobs.Job):
 
 
 def run(args: argparse.Namespace) -> int:
-  config, arm_names, seeds = resolve(args)
+  config, arm_names, seeds = resolve_config(args)
   if not str(args.out).strip():
     raise CommandError("--out is empty; give a directory for the run files.")
   out = writable_dir(args.out, "--out")
