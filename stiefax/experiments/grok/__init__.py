@@ -67,7 +67,6 @@ Examples:
   stiefax grok --preset paper --arms A2,B2,B2-frz --seeds 0,1,2,3,4 --stabilize
 """
 
-from stiefax.experiments.grok.checkpoints import Checkpoints
 from stiefax.experiments.grok.command import add_arguments
 from stiefax.experiments.grok.command import checkpoint_interval
 from stiefax.experiments.grok.command import resolve_config
@@ -83,10 +82,14 @@ from stiefax.experiments.grok.config import GrokConfig
 from stiefax.experiments.grok.config import arm_definition
 from stiefax.experiments.grok.config import first_epoch
 from stiefax.experiments.grok.config import grokked_epoch
+from stiefax.experiments.grok.config import hyper
 from stiefax.experiments.grok.config import memorized_epoch
 from stiefax.experiments.grok.config import run_metrics
 from stiefax.experiments.grok.config import sustained_epoch
 from stiefax.experiments.grok.config import tail_mean
+from stiefax.experiments.grok.data import make_data
+from stiefax.experiments.grok.model import init_params
+from stiefax.experiments.grok.model import make_model
 from stiefax.experiments.grok.runs import record_identity
 from stiefax.experiments.grok.runs import run_command
 from stiefax.experiments.grok.runs import run_file_name
@@ -96,10 +99,6 @@ from stiefax.experiments.grok.runs import summary_words
 from stiefax.experiments.grok.tables import check_run
 from stiefax.experiments.grok.tables import report
 from stiefax.experiments.grok.tables import run_key
-from stiefax.experiments.grok.training import init_params
-from stiefax.experiments.grok.training import make_data
-from stiefax.experiments.grok.training import make_model
-from stiefax.experiments.grok.training import make_optimizer
 from stiefax.experiments.grok.training import programs
 from stiefax.experiments.grok.training import stack
 from stiefax.experiments.grok.training import train
@@ -138,11 +137,10 @@ __all__ = [
   "make_data",
   "make_model",
   "init_params",
-  "make_optimizer",
+  "hyper",
   "programs",
   "stack",
   "unstack",
   "train",
   "train_seeds",
-  "Checkpoints",
 ]
