@@ -24,8 +24,8 @@ def measure_adamw_elr(learning_rate=3e-2, weight_decay=0.1, steps=400, batch=32,
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
 
-  from stiefax.experiments import patch_data  # pylint: disable=g-import-not-at-top
   from stiefax.experiments import patches  # pylint: disable=g-import-not-at-top
+  from stiefax.experiments.patches import data as patch_data  # pylint: disable=g-import-not-at-top
 
   data = patch_data.prepare(
     patch_data.load_images(None), n_train=1000, patch=4, d=16, cache_dir=None

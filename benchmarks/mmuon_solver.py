@@ -83,8 +83,8 @@ def timing(reps):
 
 
 def in_training():
-  from stiefax.experiments import patch_data  # pylint: disable=g-import-not-at-top
   from stiefax.experiments import patches  # pylint: disable=g-import-not-at-top
+  from stiefax.experiments.patches import data as patch_data  # pylint: disable=g-import-not-at-top
 
   images = patch_data.load_images(None)
   data = patch_data.prepare(images, n_train=1000, n_val=0, patch=4, d=16, cache_dir=None)

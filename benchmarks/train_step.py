@@ -18,8 +18,9 @@ import jax
 import optax
 
 from benchmarks.common import time_fn
+from stiefax.experiments import optim
+from stiefax.experiments.patches import config as patches_config
 from stiefax.experiments.patches import model as patch_model
-from stiefax.experiments.patches import settings
 
 
 def make_step(model, tx):
@@ -44,7 +45,7 @@ def main():
   parser.add_argument("--arms", default="A2,B2", help="arms to time (A2 and B2 always)")
   args = parser.parse_args()
 
-  setting = settings.Setting(n_train=10_000, epochs=40, depth=args.depth, polar=args.polar)
+  setting = patches_config.Setting(n_train=10_000, epochs=40, depth=args.depth, polar=args.polar)
   tokens, classes = 16, 10
   model = patch_model.make_model(setting, tokens, classes)
   x = jax.random.normal(jax.random.key(0), (args.batch, tokens, setting.d))
@@ -52,8 +53,9 @@ def main():
   steppers = {}
   names = ["A2", "B2"] + [a for a in args.arms.split(",") if a and a not in ("A2", "B2")]
   for name in names:
-    arm = settings.arm_by_name(name)
-    tx = settings.make_optimizer(arm, setting, settings.arm_hparams(arm, setting, None))
+    arm = patches_config.arm_by_name(name)
+    hp = patches_config.arm_hparams(arm, setting, None)
+    tx = optim.make_optimizer(arm, patches_config.hyper(setting, hp))
     params = patch_model.init_params(model, arm, 0, tokens, setting.d)
     steppers[name] = (make_step(model, tx), [(params, tx.init(params))])
 

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The paper-scale grokking runs on a CPU: A2 and B2 at `--preset paper`, seed 0
-# (Table 4's first two rows; about 95 minutes per arm on two cores, longer on one).
+# The paper-scale grokking runs on a CPU: the five arms of Table 4 at `--preset paper`,
+# seed 0, one at a time (about 95 minutes per arm on two cores, 5-7 hours on one loaded
+# core). A2 and B2 come first; of the controls, B2-frz (frames frozen at their
+# orthonormal init) comes first, the row that separates the constraint from the step
+# rule; then B2m (the matched Euclidean moment) and B2m-can (the canonical metric).
 #
 # Usage: studies/grok.sh [WORK] [OUT]
 #   WORK  where runs train, with their Orbax checkpoints and locks (default
@@ -15,7 +18,10 @@ CORE=${STIEFAX_CORE:-0}
 export XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 mkdir -p "$WORK" "$OUT"
-for arm in A2 B2; do
+# Finished runs already in OUT are skipped: the store finds them by their whole
+# configuration's hash (-n: nothing in WORK is overwritten).
+cp -n "$OUT"/*.json "$WORK"/ 2>/dev/null || true
+for arm in A2 B2 B2-frz B2m B2m-can; do
   taskset -c "$CORE" stiefax grok --preset paper --arms "$arm" --seeds 0 \
       --checkpoint-every 500 --out "$WORK"
   cp -n "$WORK"/*.json "$OUT"/ 2>/dev/null || true

@@ -10,7 +10,7 @@ from stiefax.experiments import arms
 from stiefax.experiments import attention
 from stiefax.experiments import optim
 from stiefax.experiments.patches import model as patch_model
-from stiefax.experiments.patches.settings import Setting
+from stiefax.experiments.patches.config import Setting
 
 D, H, R = 8, 2, 3
 

@@ -1,11 +1,14 @@
 """The benchmark scripts run end to end and print their summary line (tiny budgets)."""
 
 import importlib.util
+import json
+import pathlib
 import re
 import sys
 
 import pytest
 
+from benchmarks import grok_quick
 from benchmarks import grok_seeds
 from benchmarks import mmuon_solver
 from benchmarks import train_step
@@ -69,6 +72,48 @@ def test_grok_seeds_ratio(capsys, monkeypatch):
     monkeypatch,
   )
   assert re.search(r"^  vmapped / separate = [0-9.]+$", out, re.M)
+
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _flat(text: str) -> str:
+  return " ".join(text.split())
+
+
+def test_grok_quick_summary_is_its_runs_and_what_the_readme_says():
+  """The committed summary is that of the committed runs (5 seeds, 2 thread settings),
+  and the README, the docs and `stiefax grok` quote it."""
+  from stiefax.experiments.grok import quick_seeds  # pylint: disable=g-import-not-at-top
+
+  path = ROOT / grok_quick.DEFAULT_OUT / grok_quick.SUMMARY_NAME
+  summary = json.loads(path.read_text())
+  settings = list(summary["settings"])
+  assert settings == ["t1", "t2"]
+  again = grok_quick.summarize(ROOT / grok_quick.DEFAULT_OUT, settings)
+  assert json.loads(json.dumps(again)) == summary
+  for arm in ("A2", "B2"):
+    for s in settings:
+      assert summary["arms"][arm][s]["seeds"] == [0, 1, 2, 3, 4]
+  assert grok_quick.check_claims(summary) == []
+  table = grok_quick.figures_table(summary)
+  for doc in ("README.md", "docs/reproduction.md"):
+    text = (ROOT / doc).read_text()
+    assert table in text, doc
+    for claim in grok_quick.claims_text():
+      assert _flat(claim) in _flat(text), (doc, claim)
+  assert grok_quick.figures_text(summary) == quick_seeds.FIGURES
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_grok_quick_claims_hold_over_five_fresh_seeds(tmp_path, capsys):
+  """The quick preset over seeds 0-4 (default threads), trained afresh: the claims the
+  README makes for every machine hold."""
+  grok_quick.main(["--settings", "t2", "--out", str(tmp_path)])
+  summary = json.loads((tmp_path / grok_quick.SUMMARY_NAME).read_text())
+  assert summary["arms"]["A2"]["t2"]["n"] == summary["arms"]["B2"]["t2"]["n"] == 5
+  assert grok_quick.check_claims(summary) == []
 
 
 @pytest.mark.skipif(

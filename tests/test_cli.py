@@ -4,6 +4,7 @@ A bad argument is one line on stderr (``stiefax <command>: error: ...``), exit s
 nothing trained or written.
 """
 
+import ast
 import os
 import pathlib
 import subprocess
@@ -39,6 +40,80 @@ def test_version_flag_from_the_command_line():
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.strip() == f"stiefax {stiefax.__version__}"
   assert stiefax.__version__.count(".") == 2
+
+
+# The modules that make ``import stiefax.experiments.cli`` (and ``stiefax --help``) slow.
+HEAVY = ("jax", "jaxlib", "flax", "optax", "orbax", "matplotlib", "scipy", "sklearn")
+
+# ``import stiefax.experiments.cli`` without running the library's ``stiefax/__init__.py``:
+# what the experiments package itself imports.
+WITHOUT_LIBRARY = """
+import importlib.util, sys, types
+spec = importlib.util.find_spec("stiefax")
+package = types.ModuleType("stiefax")
+package.__path__ = list(spec.submodule_search_locations)
+package.__version__ = "0"
+sys.modules["stiefax"] = package
+import stiefax.experiments.cli
+"""
+
+
+def _imported(code: str) -> list[str]:
+  """The modules ``python -X importtime -c code`` imports, in the order it lists them."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+  proc = subprocess.run(
+    [sys.executable, "-X", "importtime", "-c", code],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=True,
+  )
+  lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("import time:")]
+  return [ln.rsplit("|", 1)[-1].strip() for ln in lines[1:]]  # after the header
+
+
+def _heavy(modules) -> set[str]:
+  return {m for m in modules if m.split(".")[0] in HEAVY}
+
+
+def test_the_command_line_module_imports_no_jax_flax_or_optax():
+  """The CLI builds its parser without importing any command: no jax, flax or optax."""
+  modules = _imported(WITHOUT_LIBRARY)
+  assert "stiefax.experiments.cli" in modules
+  assert not _heavy(modules), sorted(_heavy(modules))
+  ours = {m for m in modules if m.startswith("stiefax.experiments")}
+  assert ours == {"stiefax.experiments", "stiefax.experiments.cli"}, sorted(ours)
+
+
+def test_importing_the_command_line_adds_nothing_heavy_to_the_library():
+  """``python -X importtime -c "import stiefax.experiments.cli"``: every jax, flax or
+  optax module it imports is one that ``import stiefax`` imports too (none, once the
+  library imports none)."""
+  library = set(_imported("import stiefax"))
+  modules = _imported("import stiefax.experiments.cli")
+  assert "stiefax.experiments.cli" in modules
+  added = _heavy(modules) - library
+  assert not added, sorted(added)
+
+
+def test_experiment_modules_import_at_module_level():
+  """Every import of the experiments package is a statement of its module's body."""
+  lazy = []
+  for path in sorted((ROOT / "stiefax" / "experiments").rglob("*.py")):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    top = set()
+    for node in tree.body:  # a module-level ``try`` (an optional dependency) counts too
+      top.add(id(node))
+      if isinstance(node, ast.Try):
+        top.update(id(n) for n in node.body)
+    lazy += [
+      f"{path.relative_to(ROOT)}:{n.lineno}"
+      for n in ast.walk(tree)
+      if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in top
+    ]
+  assert not lazy, lazy
 
 
 @pytest.fixture

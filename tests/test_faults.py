@@ -27,10 +27,10 @@ import pytest
 import stiefax
 from stiefax.experiments import cli
 from stiefax.experiments import grok
-from stiefax.experiments import patch_data
 from stiefax.experiments import store
+from stiefax.experiments.checkpoints import Checkpoints
 from stiefax.experiments.grok import training as grok_training
-from stiefax.experiments.grok.checkpoints import Checkpoints
+from stiefax.experiments.patches import data as patch_data
 from tests import harness
 
 CONFIG = dataclasses.replace(harness.TINY_GROK, epochs=40, eval_every=20)
@@ -235,7 +235,7 @@ def test_row4_a_crafted_cifar_batch_is_refused_and_never_run(tmp_path, capsys):
 
 
 def test_row4_real_cifar_batches_still_load(tmp_path):
-  from stiefax.experiments import patch_images  # pylint: disable=g-import-not-at-top
+  from stiefax.experiments.patches import images as patch_images
 
   rng = np.random.default_rng(0)
   x = rng.integers(0, 256, (3, 3072), dtype=np.uint8)

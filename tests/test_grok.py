@@ -18,6 +18,7 @@ import pytest
 import stiefax
 from stiefax.experiments import cli
 from stiefax.experiments import grok
+from stiefax.experiments import optim
 from stiefax.experiments.grok import training as grok_training
 from tests import harness
 
@@ -171,7 +172,7 @@ def _toy_params():
 
 def _first_update(config, arm, grad_value):
   params = _toy_params()
-  tx = grok.make_optimizer(config, grok.ARMS[arm])
+  tx = optim.make_optimizer(grok.ARMS[arm], grok.hyper(grok.ARMS[arm], config))
   grads = jax.tree.map(lambda w: jax.numpy.full_like(w, grad_value), params)
   updates, _ = tx.update(grads, tx.init(params), params)
   return params["params"], updates["params"]

@@ -10,7 +10,7 @@ import pytest
 
 from stiefax.experiments import arms
 from stiefax.experiments import cli
-from stiefax.experiments.grok.checkpoints import Checkpoints
+from stiefax.experiments.checkpoints import Checkpoints
 from stiefax.experiments.lm import config as lm_config
 from stiefax.experiments.lm import data
 from stiefax.experiments.lm import tables
@@ -187,7 +187,7 @@ def test_the_command_trains_skips_and_reports(tmp_path, capsys):
 @pytest.mark.parametrize(
   "extra, message",
   [
-    (["--seeds", "4294967296"], "2^32"),
+    (["--seeds", "4294967296"], "below 2**32"),
     (["--lr", "-1"], "finite and > 0"),
     (["--arms", "A9"], "unknown arm"),
     (["--steps", "0"], "--steps 0"),

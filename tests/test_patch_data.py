@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from stiefax.experiments import cli
-from stiefax.experiments import patch_data
+from stiefax.experiments.patches import data as patch_data
 
 
 def test_cifar_python_folder_and_archive_read_identically(cifar):

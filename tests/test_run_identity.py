@@ -21,12 +21,13 @@ import shlex
 import pytest
 
 from stiefax.experiments import cli
+from stiefax.experiments import flags
 from stiefax.experiments import grok
 from stiefax.experiments import store
-from stiefax.experiments.patches import args as patch_args
+from stiefax.experiments.patches import command as patches_command
+from stiefax.experiments.patches import config
 from stiefax.experiments.patches import protocols
 from stiefax.experiments.patches import runs
-from stiefax.experiments.patches import settings
 
 DATA = pathlib.Path(__file__).parent / "data"
 RUN_FILES = sorted((DATA / "runs").glob("*.json"))
@@ -45,19 +46,19 @@ def _parse(command: str):
 def _patches_config(command: str, protocol: str, facts: runs.DataFacts) -> tuple[dict, str]:
   """``(config, out)`` of the one run that ``command`` reruns, as the protocols build it."""
   args = _parse(command)
-  dflt = protocols.defaults(args)
-  (arm,) = protocols.select_arms(args)
+  dflt = patches_command.defaults(args)
+  (arm,) = patches_command.select_arms(args)
   if protocol == "sweep-n":
-    (n_train,) = patch_args.ints(args.ns, "--ns")
+    (n_train,) = flags.ints(args.ns, "--ns")
     epochs = max(1, args.budget // math.ceil(n_train / args.batch_size))
   else:
     n_train, epochs = dflt["n_train"], args.epochs
   eps = None
   if protocol == "sweep-eps":
-    (eps,) = patch_args.floats(args.eps_values, "--eps-values")
+    (eps,) = flags.floats(args.eps_values, "--eps-values")
   setting = protocols.make_setting(args, dflt, n_train, epochs, eps=eps)
-  knobs = {k: patch_args.knob(v, "--lr") for k, v in patch_args.arm_map(args.lr, "--lr").items()}
-  hp = settings.arm_hparams(arm, setting, knobs.get(arm.name))
+  knobs = {k: flags.knob(v, "--lr") for k, v in protocols.arm_map(args.lr, "--lr").items()}
+  hp = config.arm_hparams(arm, setting, knobs.get(arm.name))
   cfg = runs.run_config(
     protocol,
     arm,
@@ -113,7 +114,7 @@ def test_patches_names_and_commands_are_unchanged(i):
 
 def test_the_golden_cases_cover_every_arm_and_protocol():
   assert {c["protocol"] for c in GOLDEN["patches"]} == {"run", "select-lr", "sweep-n", "sweep-eps"}
-  assert {_parse(c["command"]).arms for c in GOLDEN["patches"]} == set(protocols.ARMS)
+  assert {_parse(c["command"]).arms for c in GOLDEN["patches"]} == set(config.ARMS)
   assert {c["name"].split("-")[0] for c in GOLDEN["grok"]} >= {"A2", "B2"}
   assert {_parse(c["command"]).arms for c in GOLDEN["grok"]} == set(grok.ARMS)
 

@@ -1,8 +1,9 @@
 """The ``stiefax`` command: ``stiefax <command> [options]``.
 
 Each command lives in its own module of :mod:`stiefax.experiments`, which defines
-``add_arguments(parser)`` and ``run(args) -> int``; it is imported only when used, so
-``stiefax --help`` stays fast. A :class:`CommandError` raised by a command prints one
+``add_arguments(parser)`` and ``run(args) -> int``; it is imported only when used, by
+its name in :data:`COMMANDS`, so ``stiefax --help`` imports no command (and neither
+jax, flax nor optax). A :class:`CommandError` raised by a command prints one
 line (``stiefax <command>: error: ...``) and exits with status 2, never a traceback; so
 does an ``OSError`` (a full disk, an unwritable folder). SIGTERM is handled as Ctrl-C
 (exit status 128 + the signal); after either, a further one ends the process quietly.
@@ -19,6 +20,8 @@ import sys
 import tempfile
 import threading
 from typing import Sequence
+
+from stiefax import __version__
 
 # name -> (module, one-line help). Order is the order of `stiefax --help`.
 COMMANDS = {
@@ -75,32 +78,6 @@ def os_error(e: OSError) -> str:
   return f"{where}{e.strerror or ' '.join(str(e).split())}"
 
 
-def progress_bar(
-  total: int,
-  *,
-  desc: str = "",
-  unit: str = "it",
-  enabled: bool = True,
-  initial: int = 0,
-  leave: bool = False,
-):
-  """The commands' progress bar (``tqdm``, on stderr): advance it with ``update(n)``.
-
-  ``enabled=False`` gives a bar that prints nothing (``--no-progress``).
-  """
-  from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
-
-  return tqdm(
-    total=total,
-    initial=initial,
-    desc=desc,
-    unit=unit,
-    disable=not enabled,
-    leave=leave,
-    file=sys.stderr,
-  )
-
-
 def _available() -> dict:
   out = {}
   for name, (module, help_) in COMMANDS.items():
@@ -111,8 +88,6 @@ def _available() -> dict:
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
-  from stiefax import __version__  # pylint: disable=g-import-not-at-top
-
   parser = argparse.ArgumentParser(
     prog="stiefax",
     description="Stiefel-manifold attention: experiments, reports and certificates.",
@@ -204,6 +179,4 @@ def _quiet_exit_on_signal() -> None:
 
 if __name__ == "__main__":
   # Run through the package module so commands raise the CommandError caught above.
-  from stiefax.experiments import cli as _cli  # pylint: disable=g-import-not-at-top
-
-  sys.exit(_cli.main())
+  sys.exit(importlib.import_module("stiefax.experiments.cli").main())

@@ -29,6 +29,7 @@ from typing import Any
 from typing import Callable
 from typing import Optional
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,8 +39,10 @@ import stiefax
 from stiefax import covariance as cov
 from stiefax import elr
 from stiefax.experiments import optim
+from stiefax.experiments import store
 from stiefax.experiments.arms import ARMS
 from stiefax.experiments.cli import CommandError
+from stiefax.experiments.cli import check_seeds
 
 #: name -> (label, factory). Adam-type rules use eps = 0 so that loss scaling is exact.
 OPTIMIZERS: dict[str, tuple[str, Callable[[], optax.GradientTransformation]]] = {
@@ -257,7 +260,6 @@ def elr_trace(
   Returns:
     ``{"steps": [...], "tau": 0.1, "arms": {arm: {stat: [...]}}}``.
   """
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
 
   class Toy(nn.Module):
     @nn.compact
@@ -357,8 +359,6 @@ def print_elr(trace: dict[str, Any]) -> None:
 
 
 def run(args) -> int:
-  from stiefax.experiments.cli import check_seeds  # pylint: disable=g-import-not-at-top
-
   check_seeds([args.seed], "--seed")
   optimizers = _subset(args.optimizers, tuple(OPTIMIZERS), "optimizer")
   actions = _subset(args.actions, ACTIONS, "action")
@@ -385,8 +385,6 @@ def run(args) -> int:
     out["elr"] = trace
   print(f"({time.perf_counter() - start:.1f} s)")
   if args.json:
-    from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
-
     text = json.dumps(out, indent=1, default=str)
     try:
       store.atomic_write(args.json, lambda f: f.write(text), binary=False)

@@ -13,6 +13,12 @@ from typing import Any
 from typing import Optional
 from typing import Union
 
+import jax
+import optax
+
+import stiefax
+from stiefax import layouts
+from stiefax.experiments import attention
 from stiefax.experiments.arms import Arm
 
 __all__ = ["Hyper", "decay_mask", "frame_rule", "make_optimizer"]
@@ -52,18 +58,11 @@ class Hyper:
 
 def decay_mask(params: Any) -> Any:
   """True on the tensors of rank >= 2: :func:`stiefax.layouts.decay_mask`."""
-  from stiefax import alias  # pylint: disable=g-import-not-at-top
-
-  return alias.decay_mask(params)
+  return layouts.decay_mask(params)
 
 
 def frame_rule(arm: Arm, h: Hyper):
   """The arm's transform for W_Q, W_K (an ``optax.GradientTransformation``)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import optax  # pylint: disable=g-import-not-at-top
-
-  import stiefax  # pylint: disable=g-import-not-at-top
-
   rule, opts = arm.frames, dict(arm.options)
   where: dict = {} if h.frames is None else {"frames": h.frames}
   if rule == "riemannian_adam":
@@ -97,17 +96,11 @@ def make_optimizer(arm: Arm, h: Hyper):
   """
   tx = _make_optimizer(arm, h)
   if arm.attention == "sigma":
-    from stiefax.experiments import attention  # pylint: disable=g-import-not-at-top
-
     return attention.freeze_state(tx)
   return tx
 
 
 def _make_optimizer(arm: Arm, h: Hyper):
-  import optax  # pylint: disable=g-import-not-at-top
-
-  import stiefax  # pylint: disable=g-import-not-at-top
-
   if not arm.apart:
     return optax.adamw(
       h.adamw_lr,

@@ -20,12 +20,47 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import pathlib
 import sys
+from typing import Any
+from typing import Iterable
+from typing import Mapping
 from typing import Optional
+from typing import Sequence
 
+from stiefax.experiments import stats
+from stiefax.experiments import store
 from stiefax.experiments.cli import CommandError
 from stiefax.experiments.cli import writable_dir
+
+try:  # optional: without matplotlib the reports print their tables and write no plots
+  import matplotlib
+  import matplotlib.pyplot
+
+  HAVE_MATPLOTLIB = True
+except ImportError:
+  HAVE_MATPLOTLIB = False
+
+__all__ = [
+  # the command
+  "add_arguments",
+  "run",
+  "load_runs",
+  "check_run",
+  "run_key",
+  "rerun_table",
+  # the pieces the experiments' reports share
+  "num",
+  "table",
+  "arm_order",
+  "by_seed",
+  "paired_by_seed",
+  "paired_cells",
+  "PAIRED_HEADER",
+  "pyplot",
+  "save_figure",
+]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,8 +88,6 @@ def check_run(run: dict, module=None) -> str | None:
 
 def run_key(run: dict, module=None):
   """What makes two files the same run: the module's ``run_key``, else arm, config, seed."""
-  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
-
   if module is None:
     return store.digest(run)  # no report for it: only identical files are one run
   fn = getattr(module, "run_key", None)
@@ -71,8 +104,6 @@ def load_runs(directory: pathlib.Path, reruns: Optional[list] = None) -> tuple[d
   with a warning, or, when ``reruns`` is a list, appended to it as
   ``(first run, second copy, path of the copy)``.
   """
-  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
-
   groups: dict = {}
   seen: dict = {}
   warnings = []
@@ -112,12 +143,13 @@ def load_runs(directory: pathlib.Path, reruns: Optional[list] = None) -> tuple[d
 # Modules of the package that are not experiments (they have no runs to report).
 _NOT_EXPERIMENTS = (
   "arms",
+  "checkpoints",
   "cli",
+  "flags",
+  "jobs",
   "optim",
-  "patch_data",
-  "patch_images",
+  "progress",
   "report",
-  "reporting",
   "stats",
   "store",
 )
@@ -188,8 +220,6 @@ def rerun_table(reruns: list) -> str:
   commit's compiled program, another XLA thread count or machine): this is the noise a
   run trained on a later commit adds when it is paired with an earlier one.
   """
-  from stiefax.experiments.reporting import table  # pylint: disable=g-import-not-at-top
-
   rows, diffs = [], []
   for first, again, path in reruns:
     for metric, scale, unit in _HEADLINES:
@@ -225,3 +255,107 @@ def rerun_table(reruns: list) -> str:
       f" {len(diffs)} rerun(s)",
     ]
   )
+
+
+# ----------------------------------------------------------------------------
+# Pieces shared by the experiments' reports: plain text tables (:func:`table`), the
+# order arms are listed in (:func:`arm_order`), paired differences between two arms on
+# the seeds they share (:func:`paired_by_seed`, :func:`paired_cells`), and matplotlib
+# on the ``Agg`` back end (:func:`pyplot`, :func:`save_figure`).
+# ----------------------------------------------------------------------------
+
+
+def num(x: Optional[float], fmt: str) -> str:
+  """``x`` formatted with ``fmt``; ``"-"`` for None, nan or inf."""
+  return "-" if x is None or not math.isfinite(x) else format(x, fmt)
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+  """Left-aligned columns two spaces apart, a rule of dashes under the header."""
+  widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+
+  def fmt(row: Sequence[str]) -> str:
+    return "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()
+
+  return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
+
+
+def arm_order(names: Iterable[str], offered: Iterable[str]) -> list[str]:
+  """``names`` in the order of ``offered``, then unknown names alphabetically.
+
+  A label ``"<arm> <knob>"`` (e.g. ``"B2 lr=0.3"``) sorts with its arm.
+  """
+  known = list(offered)
+
+  def key(name: str) -> tuple:
+    base = name.split(" ")[0]
+    return (known.index(base) if base in known else len(known), name)
+
+  return sorted(names, key=key)
+
+
+def by_seed(runs: Sequence[dict], metric: str) -> dict:
+  """``{seed: metrics[metric]}`` over ``runs``, leaving out runs without the metric."""
+  return {r["seed"]: r["metrics"].get(metric) for r in runs if r["metrics"].get(metric) is not None}
+
+
+def paired_by_seed(
+  base: Mapping[Any, float], other: Mapping[Any, float], scale: float = 1.0, min_seeds: int = 1
+) -> Optional[stats.Paired]:
+  """:func:`stiefax.experiments.stats.paired` of ``other - base`` on their shared seeds.
+
+  ``None`` when they share fewer than ``min_seeds`` seeds. Values are multiplied by
+  ``scale`` first (100: fractions to percentage points).
+  """
+  common = sorted(set(base) & set(other))
+  if len(common) < max(1, min_seeds):
+    return None
+  return stats.paired([scale * base[s] for s in common], [scale * other[s] for s in common])
+
+
+#: The columns of :func:`paired_cells`, after the difference's own header.
+PAIRED_HEADER = ("t", "p", "wins", "t 95% CI", "boot 95% CI", "verdict")
+
+
+def paired_cells(p: Optional[stats.Paired]) -> list[str]:
+  """``[mean, t, p, wins/n, t CI, bootstrap CI, verdict]`` of a paired difference.
+
+  The verdict is the statistical standard's (:func:`stiefax.experiments.stats.verdict`):
+  ``higher``/``lower`` (b than a), ``no difference`` or ``not settled``. Seven dashes
+  for None.
+  """
+  if p is None:
+    return ["-"] * 7
+  return [
+    f"{p.mean:+.2f}",
+    num(p.t, ".2f"),
+    num(p.p, ".2g"),
+    f"{p.wins}/{p.n}",
+    "-" if not math.isfinite(p.t_low) else f"[{p.t_low:+.2f}, {p.t_high:+.2f}]",
+    f"[{p.ci_low:+.2f}, {p.ci_high:+.2f}]",
+    {"b > a": "higher", "b < a": "lower"}.get(p.verdict, p.verdict),
+  ]
+
+
+def pyplot() -> Any:
+  """``matplotlib.pyplot`` on the ``Agg`` back end, or None without matplotlib."""
+  if not HAVE_MATPLOTLIB:
+    return None
+  matplotlib.use("Agg")
+  return matplotlib.pyplot
+
+
+def save_figure(fig: Any, plt: Any, out_dir: pathlib.Path, name: str) -> Optional[str]:
+  """Writes ``fig`` to ``out_dir / name`` (110 dpi) and closes it; None if it cannot.
+
+  The PNG is written atomically (:func:`stiefax.experiments.store.atomic_write`): a
+  symbolic link at ``out_dir / name`` is replaced, its target never written.
+  """
+  try:
+    path = pathlib.Path(out_dir) / name
+    store.atomic_write(path, lambda f: fig.savefig(f, dpi=110, format="png"))
+    return str(path)
+  except OSError:
+    return None
+  finally:
+    plt.close(fig)

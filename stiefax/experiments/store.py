@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -35,6 +36,8 @@ import time
 from typing import Any
 from typing import Callable
 from typing import Optional
+
+import stiefax
 
 __all__ = [
   "canonical",
@@ -71,8 +74,6 @@ def run_file_name(stem: str, identity: Any, seed: int) -> str:
 
 def code_version() -> dict:
   """``{"version", "commit", "dirty"}`` of the stiefax source this process runs."""
-  import stiefax  # pylint: disable=g-import-not-at-top
-
   root = pathlib.Path(stiefax.__file__).resolve().parent.parent
   info: dict[str, Any] = {"version": stiefax.__version__, "commit": None, "dirty": None}
   try:
@@ -274,8 +275,6 @@ class RunLock:
     return self._fd is not None
 
   def acquire(self) -> bool:
-    import fcntl  # pylint: disable=g-import-not-at-top
-
     if self._fd is not None:
       return True
     self.path.parent.mkdir(parents=True, exist_ok=True)

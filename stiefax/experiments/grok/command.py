@@ -12,26 +12,27 @@ import argparse
 import contextlib
 import dataclasses
 import os
-import pathlib
 import sys
 import time
 from typing import Any
 from typing import Optional
-from typing import Sequence
 
-from stiefax.experiments import arms as arms_lib
+from stiefax import _routing
+from stiefax.experiments import flags
+from stiefax.experiments import grok
+from stiefax.experiments import jobs
 from stiefax.experiments import store
+from stiefax.experiments.checkpoints import Checkpoints
+from stiefax.experiments.checkpoints import DamagedCheckpoint
+from stiefax.experiments.checkpoints import set_aside
 from stiefax.experiments.cli import CommandError
-from stiefax.experiments.cli import check_seeds
 from stiefax.experiments.cli import os_error
 from stiefax.experiments.cli import writable_dir
-from stiefax.experiments.grok.checkpoints import Checkpoints
-from stiefax.experiments.grok.checkpoints import DamagedCheckpoint
-from stiefax.experiments.grok.checkpoints import set_aside
 from stiefax.experiments.grok.config import ARMS
 from stiefax.experiments.grok.config import PRESETS
 from stiefax.experiments.grok.config import STABILIZED
 from stiefax.experiments.grok.config import GrokConfig
+from stiefax.experiments.grok.quick_seeds import seed_note
 from stiefax.experiments.grok.runs import record_identity
 from stiefax.experiments.grok.runs import run_command
 from stiefax.experiments.grok.runs import run_file_name
@@ -44,8 +45,6 @@ __all__ = ["add_arguments", "resolve_config", "checkpoint_interval", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-  from stiefax.experiments import grok  # pylint: disable=g-import-not-at-top
-
   parser.description = grok.__doc__
   parser.formatter_class = argparse.RawDescriptionHelpFormatter
   parser.add_argument(
@@ -92,37 +91,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   )
 
 
-def _parse_arms(text: Optional[str], default: Sequence[str]) -> list[str]:
-  if text is None:
-    return list(default)
-  names = [a.strip() for a in text.split(",") if a.strip()]
-  if not names:
-    raise CommandError(f"--arms {text!r} names no arm; choose from {','.join(ARMS)}.")
-  found = {a: arms_lib.lookup(a, ARMS) for a in names}
-  unknown = [a for a, arm in found.items() if arm is None]
-  if unknown:
-    raise CommandError(
-      f"unknown arm(s) {','.join(unknown)} in --arms; choose from {','.join(ARMS)}."
-    )
-  return list(dict.fromkeys(arm.name for arm in found.values() if arm is not None))
-
-
-def _parse_seeds(text: Optional[str], default: Sequence[int]) -> list[int]:
-  if text is None:
-    return list(default)
-  parts = [s.strip() for s in text.split(",") if s.strip()]
-  if not parts:
-    raise CommandError(f"--seeds {text!r} is empty; give e.g. --seeds 0,1,2.")
-  try:
-    seeds = [int(s) for s in parts]
-  except ValueError:
-    raise CommandError(
-      f"--seeds {text!r} must be comma-separated integers, e.g. --seeds 0,1,2."
-    ) from None
-  check_seeds(seeds, "--seeds")
-  return list(dict.fromkeys(seeds))
-
-
 def resolve_config(args: argparse.Namespace) -> tuple[GrokConfig, list[str], list[int]]:
   """The configuration, arms and seeds that ``args`` ask for (``CommandError`` if bad)."""
   preset = PRESETS[args.preset]
@@ -148,13 +116,12 @@ def resolve_config(args: argparse.Namespace) -> tuple[GrokConfig, list[str], lis
   every = getattr(args, "checkpoint_every", None)
   if every is not None and every < 0:
     raise CommandError(f"--checkpoint-every {every} must be >= 0 (0: only on Ctrl-C).")
-  return config, _parse_arms(args.arms, preset["arms"]), _parse_seeds(args.seeds, preset["seeds"])
+  arms = flags.parse_arms(args.arms, ARMS, preset["arms"])
+  return config, arms, flags.parse_seeds(args.seeds, preset["seeds"])
 
 
 def _check_optimizer(config: GrokConfig) -> None:
   """The optimizer settings in the optimizers' own ranges (``CommandError`` if not)."""
-  from stiefax import _routing  # pylint: disable=g-import-not-at-top
-
   for arg, field in (
     ("learning_rate", "learning_rate"),
     ("learning_rate", "riemannian_lr"),
@@ -171,49 +138,19 @@ def _check_optimizer(config: GrokConfig) -> None:
 
 def checkpoint_interval(config: GrokConfig, every: Optional[int]) -> int:
   """``every`` (default 1000) rounded up to a multiple of ``eval_every``; 0 stays 0."""
-  every = 1000 if every is None else every
-  return -(-every // config.eval_every) * config.eval_every if every else 0
-
-
-def _finished(
-  path: pathlib.Path, identity: dict, seed: int, repair: bool = False
-) -> Optional[dict]:
-  """The run written at ``path`` if it is this run (same identity and seed), else None.
-
-  With ``repair`` (only while holding the run's lock), a file there that is damaged or
-  holds another run is moved aside (never deleted), so that the run can be written.
-  """
-  record, problem = store.finished_run(
-    path, lambda r: record_identity(r) == identity and r["seed"] == seed
-  )
-  if record is not None or not problem or not repair:
-    return record
-  aside = store.move_aside(path, "bad")
-  print(
-    f"stiefax grok: {path} is unusable ({problem}); moved it to {aside.name}"
-    " and training the run again",
-    file=sys.stderr,
-    flush=True,
-  )
-  return None
+  return jobs.checkpoint_interval(1000 if every is None else every, config.eval_every)
 
 
 @dataclasses.dataclass
-class _Job:
+class _Job(jobs.Job):
   """One (arm, seed) of the command and where its files live."""
 
-  arm: str
-  seed: int
-  path: pathlib.Path  # the result JSON
-  identity: dict
+  identity: dict = dataclasses.field(default_factory=dict)
 
-  @property
-  def lock_path(self) -> pathlib.Path:
-    return self.path.with_suffix(".lock")
+  command = "stiefax grok"
 
-  @property
-  def ckpt_path(self) -> pathlib.Path:
-    return self.path.with_suffix(".ckpt")
+  def same(self, record: dict) -> bool:
+    return record_identity(record) == self.identity and record["seed"] == self.seed
 
 
 def _checkpoint_epoch(job: _Job) -> Optional[int]:
@@ -247,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     f"stiefax grok: {setting}; arms {','.join(arms)}; seeds {','.join(map(str, seeds))} -> {out}",
     flush=True,
   )
-  jobs = [
+  todo = [
     _Job(
       arm,
       seed,
@@ -265,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
   def claim(job, locks) -> bool:
     """True if this process now holds ``job`` (its lock in ``locks``) and must train it."""
     key = (job.arm, job.seed)
-    done = _finished(job.path, job.identity, job.seed)
+    done = job.finished()
     if done:
       print(f"  {job.arm} seed {job.seed}: finished already ({job.path.name})", flush=True)
       records[key] = done
@@ -292,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
         waiting.add(key)
       return False
     locks.append(lock)
-    done = _finished(job.path, job.identity, job.seed, repair=True)  # finished meanwhile?
+    done = job.finished(repair=True)  # finished meanwhile?
     if done:
       if os.path.lexists(job.ckpt_path):  # left by a process ended just after
         _remove_checkpoint(job)
@@ -342,10 +279,10 @@ def run(args: argparse.Namespace) -> int:
         set_aside(Checkpoints(damaged.ckpt_path), e, "stiefax grok")
         train_claimed(batch)
 
-  while len(records) < len(jobs):
+  while len(records) < len(todo):
     before = len(records)
     for arm in arms:
-      pending = [j for j in jobs if j.arm == arm and (j.arm, j.seed) not in records]
+      pending = [j for j in todo if j.arm == arm and (j.arm, j.seed) not in records]
       for candidates in [pending] if vmap else [[j] for j in pending]:
         locks: list = []
         try:
@@ -354,11 +291,12 @@ def run(args: argparse.Namespace) -> int:
         finally:
           for lock in locks:
             lock.release()
-    if len(records) < len(jobs) and len(records) == before:
+    if len(records) < len(todo) and len(records) == before:
       time.sleep(2.0)  # every remaining run is held by another process
-  ordered = [records[(j.arm, j.seed)] for j in jobs]
+  ordered = [records[(j.arm, j.seed)] for j in todo]
   print(summary_table(ordered))
   print()
   print(summary_words(ordered))
+  print(seed_note(ordered))
   print(f"{len(ordered)} run(s) in {out}; tables and plots: stiefax report {out}")
   return 0

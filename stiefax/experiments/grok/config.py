@@ -8,8 +8,10 @@ from typing import Optional
 from typing import Sequence
 
 import numpy as np
+import optax
 
 from stiefax.experiments import arms
+from stiefax.experiments import optim
 from stiefax.experiments.arms import Arm
 
 
@@ -204,3 +206,33 @@ def run_metrics(history: dict, config: GrokConfig) -> dict:
     metrics["max_logit_max"] = float(np.max(history["max_logit"]))
     metrics["attn_entropy"] = float(history["attn_entropy"][-1])
   return metrics
+
+
+def hyper(arm: Arm, config: GrokConfig) -> optim.Hyper:
+  """The settings of the arm's optimizer (:func:`stiefax.experiments.optim.make_optimizer`).
+
+  AdamW at ``learning_rate`` (with ``warmup`` linear warm-up steps); the frames of the
+  Riemannian Adam arms at ``riemannian_lr`` (eps ``riemannian_eps``, cap ``tau``), of
+  the Muon arms at the arm's rate, of B2m and A2-nwf at the AdamW rate.
+  """
+
+  def rate(value):
+    if config.warmup > 0 and value > 0:
+      return optax.warmup_constant_schedule(0.0, value, config.warmup)
+    return value
+
+  if arm.rate is None:
+    frame_lr = config.learning_rate
+  elif arm.frames == "riemannian_adam":
+    frame_lr = config.riemannian_lr
+  else:
+    frame_lr = arm.rate
+  return optim.Hyper(
+    adamw_lr=rate(config.learning_rate),
+    frame_lr=rate(frame_lr),
+    weight_decay=config.weight_decay if arm.weight_decay is None else arm.weight_decay,
+    b1=config.b1,
+    b2=config.b2,
+    eps=config.riemannian_eps,
+    max_norm=config.tau,
+  )

@@ -117,11 +117,16 @@ def summary_table(records: Sequence[dict]) -> str:
 
 
 def summary_words(records: Sequence[dict]) -> str:
-  """The runs in plain words: when each memorized and grokked, accuracy, isometry."""
+  """The runs in plain words: what each run did (memorized, grokked, the peak and end
+  held-out accuracy, the training collapses its evaluations caught, and whether it ends
+  inside one), and the isometry of its frames. One run's epochs and accuracies are its
+  own: they move with the seed and with float32 rounding (see :func:`seed_note`)."""
+  from stiefax.experiments.grok import collapses  # pylint: disable=g-import-not-at-top
+
   lines = []
   for r in records:
-    m, c = r["metrics"], r["config"]
-    epochs = r["history"]["epoch"][-1]
+    m, c, h = r["metrics"], r["config"], r["history"]
+    epochs = h["epoch"][-1]
     text = f"{r['arm']} seed {r['seed']}: "
     text += (
       f"memorized (train accuracy >= {c['memorize_threshold']:g}) at epoch {m['memorized_epoch']}"
@@ -138,12 +143,32 @@ def summary_words(records: Sequence[dict]) -> str:
         else f", never {c['sustain_k']} evaluations in a row"
       )
     else:
-      peak = max(r["history"]["test_acc"])
-      text += f"; did not grok within {epochs} epochs (held-out peak {peak:.3f})"
+      text += f"; did not grok within {epochs} epochs"
+    peak, peak_epoch = collapses.peak_test(h)
     text += (
-      f"; held-out accuracy {m['end_test_acc']:.3f} at the end,"
-      f" {m['tail_test_acc']:.3f} over the last {c['tail_fraction']:.0%} of the run"
+      f"; held-out accuracy peak {peak:.3f} (epoch {peak_epoch}), {m['end_test_acc']:.3f}"
+      f" at the end, {m['tail_test_acc']:.3f} over the last {c['tail_fraction']:.0%} of the run"
     )
+    threshold = c["memorize_threshold"]
+    found = collapses.find_collapses(h, threshold)
+    if found:
+      text += (
+        f"; {len(found)} training collapse{'s' * (len(found) > 1)} caught by the evaluations"
+        f" (train accuracy below {threshold:g} after memorizing, from epoch"
+        f"{'s' * (len(found) > 1)} {', '.join(str(x['start']) for x in found)})"
+      )
+    last = collapses.ends_in_collapse(h, threshold)
+    if last is not None:
+      since = (
+        f"below {threshold:g} since epoch {last['start']}"
+        if last["start"] < epochs
+        else "the last evaluation"
+      )
+      text += (
+        f"; the run ends inside a collapse (train accuracy {m['end_train_acc']:.3f} at"
+        f" epoch {epochs}, {since}), so its end accuracy is not its level: see the peak,"
+        " or train longer"
+      )
     iso = m["max_isometry_after_init"]
     text += (
       f"; W_Q, W_K {'stayed on' if iso < 1e-4 else 'left'} the Stiefel manifold"

@@ -15,7 +15,8 @@ from typing import Sequence
 
 import numpy as np
 
-from stiefax.experiments import reporting
+from stiefax.experiments import report as report_lib
+from stiefax.experiments import stats
 from stiefax.experiments import store
 from stiefax.experiments.grok.config import ARMS
 from stiefax.experiments.grok.runs import record_identity
@@ -78,12 +79,10 @@ def _settings(runs: Sequence[dict]) -> dict:
 
 
 def _arm_order(names) -> list[str]:
-  return reporting.arm_order(names, ARMS)
+  return report_lib.arm_order(names, ARMS)
 
 
 def _table(runs: Sequence[dict]) -> str:
-  from stiefax.experiments import stats  # pylint: disable=g-import-not-at-top
-
   by_arm: dict = {}
   for r in runs:
     by_arm.setdefault(r["arm"], []).append(r)
@@ -119,7 +118,7 @@ def _table(runs: Sequence[dict]) -> str:
       if arm == "A2":
         continue
       other = {r["seed"]: r["metrics"]["tail_test_acc"] for r in by_arm[arm]}
-      pr = reporting.paired_by_seed(base, other, min_seeds=2)
+      pr = report_lib.paired_by_seed(base, other, min_seeds=2)
       if pr is None:
         shared = len(set(base) & set(other))
         rows.append(f"{arm:<8} {shared:>3}  (needs >= 2 seeds shared with A2)")
@@ -145,7 +144,7 @@ def _slug(text: str) -> str:
 
 def _plots(runs: Sequence[dict], out_dir: pathlib.Path, suffix: str) -> list[str]:
   """Accuracy, isometry and ELR histories as PNGs in ``out_dir`` (none without matplotlib)."""
-  plt = reporting.pyplot()
+  plt = report_lib.pyplot()
   if plt is None:
     return []
 
@@ -187,7 +186,7 @@ def _plots(runs: Sequence[dict], out_dir: pathlib.Path, suffix: str) -> list[str
   axes[0, 0].set_ylabel("accuracy")
   axes[0, 0].legend(loc="lower right")
   fig.tight_layout()
-  written.append(reporting.save_figure(fig, plt, out_dir, f"grok_accuracy{suffix}.png"))
+  written.append(report_lib.save_figure(fig, plt, out_dir, f"grok_accuracy{suffix}.png"))
 
   fig, ax = plt.subplots(figsize=(6.4, 4.0))
   for arm in arms:
@@ -202,7 +201,7 @@ def _plots(runs: Sequence[dict], out_dir: pathlib.Path, suffix: str) -> list[str
   ax.grid(alpha=0.3, which="both")
   ax.legend()
   fig.tight_layout()
-  written.append(reporting.save_figure(fig, plt, out_dir, f"grok_isometry{suffix}.png"))
+  written.append(report_lib.save_figure(fig, plt, out_dir, f"grok_isometry{suffix}.png"))
 
   # Effective learning rate (tangential part of the update, per group).
   if any("elr_frames" in r["history"] for rs in by_arm.values() for r in rs):
@@ -227,7 +226,7 @@ def _plots(runs: Sequence[dict], out_dir: pathlib.Path, suffix: str) -> list[str
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    written.append(reporting.save_figure(fig, plt, out_dir, f"grok_elr{suffix}.png"))
+    written.append(report_lib.save_figure(fig, plt, out_dir, f"grok_elr{suffix}.png"))
   return [p for p in written if p is not None]
 
 

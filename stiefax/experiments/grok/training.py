@@ -1,9 +1,9 @@
-"""Training a grokking run: data, model, optimizer, the jitted programs and the loop.
+"""Training a grokking run: the jitted programs and the loop.
 
 Every run is full-batch: one compiled program (``jax.lax.scan``) trains ``eval_every``
-steps and evaluates. A run checkpoints (:class:`~stiefax.experiments.grok.checkpoints.
-Checkpoints`) and resumes to the result of an uninterrupted run; several seeds of an
-arm can train as one program (``jax.vmap``).
+steps and evaluates. A run checkpoints
+(:class:`~stiefax.experiments.checkpoints.Checkpoints`) and resumes to the result of an
+uninterrupted run; several seeds of an arm can train as one program (``jax.vmap``).
 
 An arm's attention (``Arm.attention``: plain, QK-norm or σReparam) picks the attention
 layer (:func:`stiefax.experiments.attention.attention_module`). σReparam's power-iteration
@@ -23,25 +23,30 @@ import time
 from typing import Optional
 from typing import Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 
+import stiefax
+from stiefax.experiments import attention as attention_lib
 from stiefax.experiments import optim
 from stiefax.experiments.arms import Arm
+from stiefax.experiments.checkpoints import Checkpoints
 from stiefax.experiments.cli import CommandError
-from stiefax.experiments.cli import progress_bar
-from stiefax.experiments.grok.checkpoints import Checkpoints
 from stiefax.experiments.grok.config import ARMS
 from stiefax.experiments.grok.config import GrokConfig
 from stiefax.experiments.grok.config import arm_definition
+from stiefax.experiments.grok.config import hyper
 from stiefax.experiments.grok.config import run_metrics
+from stiefax.experiments.grok.data import make_data
+from stiefax.experiments.grok.model import init_params
+from stiefax.experiments.grok.model import make_model
+from stiefax.experiments.progress import progress_bar
 from stiefax.experiments.stopping import Stopped
 from stiefax.experiments.stopping import StopRequest
 
 __all__ = [
-  "make_data",
-  "make_model",
-  "init_params",
-  "make_optimizer",
   "programs",
   "probe_program",
   "stack",
@@ -51,165 +56,19 @@ __all__ = [
 ]
 
 
-def make_data(config: GrokConfig, seed: int) -> dict:
-  """All ``p^2`` sequences ``(a, b, =)`` and labels, split by ``seed``."""
-  p = config.modulus
-  grid_a, grid_b = np.meshgrid(np.arange(p), np.arange(p), indexing="ij")
-  a, b = grid_a.ravel(), grid_b.ravel()
-  x = np.stack([a, b, np.full_like(a, p)], axis=1).astype(np.int32)
-  y = ((a + b) % p).astype(np.int32)
-  n_train = round(config.train_fraction * p * p)
-  if not 0 < n_train < p * p:
-    raise CommandError(
-      f"train_fraction {config.train_fraction} leaves {n_train} of {p * p} pairs for"
-      " training; it must leave at least one pair on each side."
-    )
-  perm = np.random.default_rng(seed).permutation(p * p)
-  tr, te = perm[:n_train], perm[n_train:]
-  return {"x_train": x[tr], "y_train": y[tr], "x_test": x[te], "y_test": y[te]}
-
-
-def make_model(config: GrokConfig, attention: str = "plain"):
-  """The paper's encoder for ``config``, as a Flax linen module.
-
-  ``attention``: the arm's attention variant (``plain``, ``qknorm`` or ``sigma``;
-  :mod:`stiefax.experiments.attention`); ``plain`` is Flax's
-  ``MultiHeadDotProductAttention``.
-  """
-  return _make_model(config, attention)
-
-
-@functools.cache
-def _make_model(config: GrokConfig, attention: str):
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-  from stiefax.experiments import attention as attention_lib  # pylint: disable=g-import-not-at-top
-
-  class Block(nn.Module):
-    """Pre-LN encoder block: x + MHA(LN(x)), then x + FFN(LN(x)); no mask."""
-
-    @nn.compact
-    def __call__(self, x):
-      h = nn.LayerNorm(name="ln_attn")(x)
-      h = attention_lib.attention_module(
-        attention,
-        num_heads=config.num_heads,
-        qkv_features=config.num_heads * config.head_dim,
-        out_features=config.d_model,
-        name="attn",
-      )(h)
-      x = x + h
-      h = nn.LayerNorm(name="ln_ffn")(x)
-      h = nn.Dense(config.ffn_mult * config.d_model, name="ffn_in")(h)
-      h = nn.Dense(config.d_model, name="ffn_out")(nn.relu(h))
-      return x + h
-
-  class GrokTransformer(nn.Module):
-    """(a, b, =) -> logits over c; readout concat(3 x d) -> hidden -> ReLU -> p."""
-
-    @nn.compact
-    def __call__(self, tokens):
-      x = nn.Embed(config.modulus + 1, config.d_model, name="token_embed")(tokens)
-      pos = nn.Embed(tokens.shape[-1], config.d_model, name="pos_embed")(
-        jnp.arange(tokens.shape[-1])
-      )
-      x = x + pos[None]
-      for i in range(config.num_layers):
-        x = Block(name=f"block_{i}")(x)
-      x = nn.LayerNorm(name="ln_final")(x)
-      x = x.reshape(x.shape[:-2] + (x.shape[-2] * x.shape[-1],))
-      x = nn.relu(nn.Dense(config.readout_hidden, name="readout_hidden")(x))
-      return nn.Dense(config.modulus, name="readout_out")(x)
-
-  return GrokTransformer()
-
-
 def _query_labels(params):
-  import stiefax  # pylint: disable=g-import-not-at-top
-
   return stiefax.layouts.qk_labels(params, modules=("query",))
 
 
 def _key_labels(params):
-  import stiefax  # pylint: disable=g-import-not-at-top
-
   return stiefax.layouts.qk_labels(params, modules=("key",))
 
 
 def _trained(variables):
   """``variables`` without the non-trained state collection (the same tree if none)."""
-  from stiefax.experiments import attention as attention_lib  # pylint: disable=g-import-not-at-top
-
   if not attention_lib.has_state(variables):
     return variables
   return {k: v for k, v in variables.items() if k != attention_lib.SIGMA_COLLECTION}
-
-
-@functools.cache
-def _jitted_init(config: GrokConfig, attention: str = "plain"):
-  import jax  # pylint: disable=g-import-not-at-top
-
-  return jax.jit(make_model(config, attention).init)
-
-
-def init_params(config: GrokConfig, arm: Arm, seed: int):
-  """The arm's starting point: the seed's default init, frames snapped if Stiefel.
-
-  The variables of the model (``{"params": ...}``, with the ``sigma_reparam`` state
-  collection for a σReparam arm).
-  """
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-  import stiefax  # pylint: disable=g-import-not-at-top
-
-  params = _jitted_init(config, arm.attention)(jax.random.key(seed), jnp.zeros((1, 3), jnp.int32))
-  labels = stiefax.layouts.qk_labels(params)
-  if arm.circuit_init_scale != 1.0:
-    s = arm.circuit_init_scale
-    params = jax.tree.map(
-      lambda lab, w: w * jnp.asarray(s, w.dtype) if lab != "stiefel" and w.ndim >= 2 else w,
-      labels,
-      params,
-    )
-  if arm.orthonormal:
-    params = stiefax.flax.project_params(params, labels)
-  return params
-
-
-def make_optimizer(config: GrokConfig, arm: Arm):
-  """The arm's optimizer for the whole model (an ``optax.GradientTransformation``).
-
-  AdamW at ``learning_rate`` (with ``warmup`` linear warm-up steps); the frames of the
-  Riemannian Adam arms at ``riemannian_lr`` (eps ``riemannian_eps``, cap ``tau``), of
-  the Muon arms at the arm's rate, of B2m and A2-nwf at the AdamW rate.
-  """
-  import optax  # pylint: disable=g-import-not-at-top
-
-  def rate(value):
-    if config.warmup > 0 and value > 0:
-      return optax.warmup_constant_schedule(0.0, value, config.warmup)
-    return value
-
-  if arm.rate is None:
-    frame_lr = config.learning_rate
-  elif arm.frames == "riemannian_adam":
-    frame_lr = config.riemannian_lr
-  else:
-    frame_lr = arm.rate
-  return optim.make_optimizer(
-    arm,
-    optim.Hyper(
-      adamw_lr=rate(config.learning_rate),
-      frame_lr=rate(frame_lr),
-      weight_decay=config.weight_decay if arm.weight_decay is None else arm.weight_decay,
-      b1=config.b1,
-      b2=config.b2,
-      eps=config.riemannian_eps,
-      max_norm=config.tau,
-    ),
-  )
 
 
 @functools.cache
@@ -226,15 +85,8 @@ def programs(config: GrokConfig, arm: Arm, vmapped: bool = False, donate: bool =
   (:func:`stiefax.experiments.attention.apply_train`) and the step stores it in the new
   parameters; evaluation reads it. The effective learning rates leave it out.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  import optax  # pylint: disable=g-import-not-at-top
-
-  import stiefax  # pylint: disable=g-import-not-at-top
-  from stiefax.experiments import attention as attention_lib  # pylint: disable=g-import-not-at-top
-
   model = make_model(config, arm.attention)
-  tx = make_optimizer(config, arm)
+  tx = optim.make_optimizer(arm, hyper(arm, config))
 
   def loss_and_acc(params, x, y):
     logits = model.apply(params, x)
@@ -301,10 +153,6 @@ def probe_program(config: GrokConfig, arm: Arm, vmapped: bool = False):
   returns, so that the training and evaluation programs are those of a run without it.
   ``vmapped``: every argument has a leading seed axis.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-
-  from stiefax.experiments import attention as attention_lib  # pylint: disable=g-import-not-at-top
-
   model = make_model(config, arm.attention)
 
   def probe(params, data):
@@ -329,7 +177,7 @@ def train(
   saves one every ``checkpoint_every`` epochs (0: never) and, on SIGINT or SIGTERM,
   saves one at the next evaluation and raises :class:`Stopped` (a
   ``KeyboardInterrupt``). A damaged checkpoint raises
-  :class:`~stiefax.experiments.grok.checkpoints.DamagedCheckpoint`. The arithmetic of a resumed run
+  :class:`~stiefax.experiments.checkpoints.DamagedCheckpoint`. The arithmetic of a resumed run
   is that of the uninterrupted run: the same compiled programs on the same arrays.
   """
   return train_seeds(
@@ -345,16 +193,11 @@ def train(
 
 def stack(trees):
   """The trees stacked along a new leading axis (the seed axis of ``vmap``)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
   return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
 def unstack(tree, n: int) -> list:
   """The ``n`` trees along the leading axis of ``tree``."""
-  import jax  # pylint: disable=g-import-not-at-top
-
   return [jax.tree.map(lambda x, i=i: x[i], tree) for i in range(n)]
 
 
@@ -375,9 +218,6 @@ def train_seeds(
   seed's checkpoints (see :func:`train`) are its own, so a run started with or without
   ``vmap`` resumes either way; the seeds must have been checkpointed at the same epoch.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
   seeds = [int(s) for s in seeds]
   if not vmap and len(seeds) != 1:
     raise ValueError(f"train_seeds: {len(seeds)} seeds need vmap=True.")

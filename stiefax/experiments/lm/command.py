@@ -16,32 +16,35 @@ import math
 import pathlib
 import sys
 import time
-from typing import Optional
 
-from stiefax.experiments import arms as arms_lib
+import jax
+
+from stiefax.experiments import flags
+from stiefax.experiments import jobs
+from stiefax.experiments import lm
 from stiefax.experiments import store
+from stiefax.experiments.checkpoints import Checkpoints
+from stiefax.experiments.checkpoints import DamagedCheckpoint
+from stiefax.experiments.checkpoints import set_aside
 from stiefax.experiments.cli import CommandError
 from stiefax.experiments.cli import writable_dir
-from stiefax.experiments.grok.checkpoints import Checkpoints
-from stiefax.experiments.grok.checkpoints import DamagedCheckpoint
-from stiefax.experiments.grok.checkpoints import set_aside
 from stiefax.experiments.lm import data as data_lib
 from stiefax.experiments.lm import runs as runs_lib
+from stiefax.experiments.lm import tables
+from stiefax.experiments.lm import training
 from stiefax.experiments.lm.config import ARMS
 from stiefax.experiments.lm.config import PRESETS
 from stiefax.experiments.lm.config import SWEEP_RATES
 from stiefax.experiments.lm.config import LMConfig
+from stiefax.experiments.report import load_runs
 
-__all__ = ["add_arguments", "run", "resolve", "best_rate", "Job"]
+__all__ = ["add_arguments", "resolve_config", "best_rate", "Job", "run"]
 
 #: Arms and rate of ``stiefax lm`` with no arguments (the quick preset).
 QUICK_ARMS = ("A2", "A2-qknorm", "B2")
-MAX_SEED = 2**32
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-  from stiefax.experiments import lm  # pylint: disable=g-import-not-at-top
-
   parser.description = lm.__doc__
   parser.formatter_class = argparse.RawDescriptionHelpFormatter
   parser.add_argument(
@@ -76,30 +79,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def _arms(text: Optional[str]) -> list[str]:
-  names = [a.strip() for a in (text or ",".join(QUICK_ARMS)).split(",") if a.strip()]
-  if not names:
-    raise CommandError(f"--arms {text!r} names no arm; choose from {','.join(ARMS)}.")
-  out = []
-  for name in names:
-    arm = arms_lib.lookup(name, ARMS)
-    if arm is None:
-      raise CommandError(f"--arms: unknown arm {name!r}; choose from {','.join(ARMS)}.")
-    out.append(arm.name)
-  return list(dict.fromkeys(out))
-
-
-def _seeds(text: str) -> list[int]:
-  parts = [s.strip() for s in text.split(",") if s.strip()]
-  try:
-    seeds = [int(s) for s in parts]
-  except ValueError:
-    raise CommandError(f"--seeds {text!r} must be comma-separated integers.") from None
-  if not seeds or any(not 0 <= s < MAX_SEED for s in seeds):
-    raise CommandError(f"--seeds {text!r}: give seeds in [0, 2^32), e.g. --seeds 0,1,2.")
-  return list(dict.fromkeys(seeds))
-
-
 def _rates(text: str) -> list[float]:
   try:
     rates = [float(s) for s in text.split(",") if s.strip()]
@@ -110,7 +89,7 @@ def _rates(text: str) -> list[float]:
   return list(dict.fromkeys(rates))
 
 
-def resolve(args: argparse.Namespace) -> tuple[LMConfig, list[str], list[int]]:
+def resolve_config(args: argparse.Namespace) -> tuple[LMConfig, list[str], list[int]]:
   """The configuration (before the rate), arms and seeds ``args`` ask for."""
   base = PRESETS[args.preset]
   changes: dict = {}
@@ -131,7 +110,9 @@ def resolve(args: argparse.Namespace) -> tuple[LMConfig, list[str], list[int]]:
     raise CommandError(str(e)) from None
   if args.checkpoint_every < 0:
     raise CommandError(f"--checkpoint-every {args.checkpoint_every} must be >= 0.")
-  return config, _arms(args.arms), _seeds(args.seeds)
+  # An empty --arms means the default arms, as no --arms does.
+  arms = flags.parse_arms(args.arms or None, ARMS, QUICK_ARMS)
+  return config, arms, flags.parse_seeds(args.seeds, (0,))
 
 
 def best_rate(out: pathlib.Path, arm: str, config: LMConfig, facts: dict, preset: str) -> float:
@@ -140,9 +121,6 @@ def best_rate(out: pathlib.Path, arm: str, config: LMConfig, facts: dict, preset
 
   Raises CommandError when there are none.
   """
-  from stiefax.experiments.lm import tables  # pylint: disable=g-import-not-at-top
-  from stiefax.experiments.report import load_runs  # pylint: disable=g-import-not-at-top
-
   groups, _ = load_runs(out) if out.is_dir() else ({}, [])
   ref = runs_lib.run_config(ARMS[arm], config, facts, preset)
   same = lambda c: {k: v for k, v in c.items() if k != "adamw_lr"}
@@ -161,45 +139,26 @@ def best_rate(out: pathlib.Path, arm: str, config: LMConfig, facts: dict, preset
 
 
 @dataclasses.dataclass
-class Job:
+class Job(jobs.Job):
   """One (arm, rate, seed) of the command and where its files live."""
 
-  arm: str
-  seed: int
-  config: LMConfig
-  cfg: dict  # the run's recorded configuration
-  path: pathlib.Path
+  config: LMConfig = dataclasses.field(default_factory=LMConfig)
+  cfg: dict = dataclasses.field(default_factory=dict)  # the run's recorded configuration
 
-  @property
-  def lock_path(self) -> pathlib.Path:
-    return self.path.with_suffix(".lock")
+  command = "stiefax lm"
 
-  @property
-  def ckpt_path(self) -> pathlib.Path:
-    return self.path.with_suffix(".ckpt")
-
-  def finished(self, repair: bool = False) -> Optional[dict]:
-    """The run written at ``path`` if it is this run; with ``repair`` (lock held), a
-    file there that is damaged or another run is moved aside."""
+  def same(self, record: dict) -> bool:
     key = runs_lib.run_key({"arm": self.arm, "config": self.cfg, "seed": self.seed})
-    record, problem = store.finished_run(self.path, lambda r: runs_lib.run_key(r) == key)
-    if record is not None or not problem or not repair:
-      return record
-    aside = store.move_aside(self.path, "bad")
-    print(f"stiefax lm: {self.path} is unusable ({problem}); moved it to {aside.name}")
-    return None
+    return runs_lib.run_key(record) == key
 
 
 def run(args: argparse.Namespace) -> int:
-  from stiefax.experiments.lm import tables  # pylint: disable=g-import-not-at-top
-  from stiefax.experiments.lm import training  # pylint: disable=g-import-not-at-top
-
-  config, arm_names, seeds = resolve(args)
+  config, arm_names, seeds = resolve_config(args)
   if not str(args.out).strip():
     raise CommandError("--out is empty; give a directory for the run files.")
   out = writable_dir(args.out, "--out")
   facts = data_lib.load().facts
-  jobs = []
+  todo = []
   for arm in arm_names:
     if args.lr is None:
       rates = [config.adamw_lr]
@@ -212,20 +171,20 @@ def run(args: argparse.Namespace) -> int:
       c = dataclasses.replace(config, adamw_lr=lr)
       cfg = runs_lib.run_config(ARMS[arm], c, facts, args.preset)
       for seed in seeds:
-        jobs.append(Job(arm, seed, c, cfg, out / runs_lib.run_name(arm, cfg, seed)))
+        path = out / runs_lib.run_name(arm, cfg, seed)
+        todo.append(Job(arm, seed, path, config=c, cfg=cfg))
   print(
     f"stiefax lm: preset={args.preset} steps={config.steps} d={config.d_model}"
     f" depth={config.depth} heads={config.heads}/{config.kv_heads} r={config.head_dim};"
-    f" {len(jobs)} run(s) -> {out}",
+    f" {len(todo)} run(s) -> {out}",
     flush=True,
   )
-  every = args.checkpoint_every
-  every = -(-every // config.eval_every) * config.eval_every if every else 0
+  every = jobs.checkpoint_interval(args.checkpoint_every, config.eval_every)
   records: dict = {}
   told: set = set()
-  while len(records) < len(jobs):
+  while len(records) < len(todo):
     before = len(records)
-    for job in jobs:
+    for job in todo:
       if job.path.name in records:
         continue
       done = job.finished()
@@ -241,22 +200,22 @@ def run(args: argparse.Namespace) -> int:
       try:
         done = job.finished(repair=True)
         if done is None:
-          done = _train(job, training, every, out, progress=not args.no_progress)
+          done = _train(job, every, out, progress=not args.no_progress)
         records[job.path.name] = done
         if job.ckpt_path.is_dir() and not job.ckpt_path.is_symlink():
           Checkpoints(job.ckpt_path).remove()  # the result is written
       finally:
         lock.release()
-    if len(records) < len(jobs) and len(records) == before:
+    if len(records) < len(todo) and len(records) == before:
       time.sleep(2.0)
-  ordered = [records[j.path.name] for j in jobs]
+  ordered = [records[j.path.name] for j in todo]
   print()
   print(tables.summary(ordered))
   print(f"{len(ordered)} run(s) in {out}; tables and plots: stiefax report {out}")
   return 0
 
 
-def _train(job: Job, training, every: int, out: pathlib.Path, progress: bool) -> dict:
+def _train(job: Job, every: int, out: pathlib.Path, progress: bool) -> dict:
   arm = ARMS[job.arm]
   desc = f"{job.arm} lr={job.config.adamw_lr:g} seed {job.seed}"
   for attempt in (0, 1):
@@ -276,7 +235,6 @@ def _train(job: Job, training, every: int, out: pathlib.Path, progress: bool) ->
       if attempt:
         raise CommandError(f"checkpoint {ckpt.directory}: {e.reason}") from None
       set_aside(ckpt, e, "stiefax lm")
-  import jax  # pylint: disable=g-import-not-at-top
 
   record = {
     "experiment": "lm",

@@ -5,12 +5,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+import optax
+
+import stiefax
 from stiefax.experiments import arms
 from stiefax.experiments import optim
 from stiefax.experiments.arms import Arm
 from stiefax.experiments.lm.model import ModelConfig
 
-__all__ = ["EXPERIMENT", "ARMS", "LMConfig", "PRESETS", "SWEEP_RATES", "make_optimizer"]
+__all__ = ["EXPERIMENT", "ARMS", "LMConfig", "PRESETS", "SWEEP_RATES", "hyper"]
 
 EXPERIMENT = "lm"
 
@@ -126,8 +129,6 @@ SWEEP_RATES = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
 
 def schedule(config: LMConfig, peak: float):
   """Linear warm-up to ``peak`` over ``warmup_steps``, then cosine to 0 at ``steps``."""
-  import optax  # pylint: disable=g-import-not-at-top
-
   return optax.warmup_cosine_decay_schedule(0.0, peak, config.warmup_steps, config.steps, 0.0)
 
 
@@ -138,25 +139,21 @@ def frame_rate(arm: Arm, config: LMConfig) -> Optional[float]:
   return 0.0 if arm.rate == 0.0 else config.frame_lr
 
 
-def make_optimizer(arm: Arm, config: LMConfig):
-  """``optax.adamw`` or ``stiefax.stiefel_adamw`` with the arm's frame rule, on schedules.
+def hyper(arm: Arm, config: LMConfig) -> optim.Hyper:
+  """The settings of the arm's optimizer (:func:`stiefax.experiments.optim.make_optimizer`):
+  ``optax.adamw`` or ``stiefax.stiefel_adamw`` with the arm's frame rule, on schedules.
 
   The frames are found by name in Gemma's layout (:func:`stiefax.layouts.qk_frames`).
   """
-  import stiefax  # pylint: disable=g-import-not-at-top
-
   peak = frame_rate(arm, config)
-  return optim.make_optimizer(
-    arm,
-    optim.Hyper(
-      adamw_lr=schedule(config, config.adamw_lr),
-      frame_lr=schedule(config, peak) if peak else 0.0,
-      weight_decay=config.weight_decay,
-      b1=config.b1,
-      b2=config.b2,
-      eps=config.eps,
-      max_norm=config.max_norm,
-      adamw_eps=config.eps,
-      frames=stiefax.layouts.qk_frames(),
-    ),
+  return optim.Hyper(
+    adamw_lr=schedule(config, config.adamw_lr),
+    frame_lr=schedule(config, peak) if peak else 0.0,
+    weight_decay=config.weight_decay,
+    b1=config.b1,
+    b2=config.b2,
+    eps=config.eps,
+    max_norm=config.max_norm,
+    adamw_eps=config.eps,
+    frames=stiefax.layouts.qk_frames(),
   )

@@ -82,7 +82,7 @@ class RMSNorm(nn.Module):
     return x * jax.lax.rsqrt(var + 1e-6) * (1.0 + scale).reshape((1,) * (x.ndim - 1) + (-1,))
 
 
-def _fan_in_init(axis: int):
+def _fan_in_init(axis: int | tuple[int, ...]):
   return nn.initializers.variance_scaling(1.0, "fan_in", "normal", in_axis=axis, out_axis=-1)
 
 
@@ -104,7 +104,7 @@ class _Weight(nn.Module):
   """A single weight ``w`` (Gemma's ``Einsum`` modules hold their weight as ``w``)."""
 
   shape: tuple
-  in_axis: object = -2
+  in_axis: int | tuple[int, ...] = -2
 
   @nn.compact
   def __call__(self):

@@ -25,11 +25,11 @@ from typing import Sequence
 
 import numpy as np
 
-from stiefax.experiments import reporting
+from stiefax.experiments import report as report_lib
 from stiefax.experiments import stats
 from stiefax.experiments.lm.config import ARMS
-from stiefax.experiments.reporting import num
-from stiefax.experiments.reporting import table
+from stiefax.experiments.report import num
+from stiefax.experiments.report import table
 
 __all__ = ["report", "summary", "loss_of", "select_rate", "sensitivity"]
 
@@ -91,7 +91,7 @@ def _arms(runs: Sequence[dict]) -> dict:
   by_arm: dict = {}
   for r in runs:
     by_arm.setdefault(r["arm"], []).append(r)
-  return {a: by_arm[a] for a in reporting.arm_order(by_arm, ARMS)}
+  return {a: by_arm[a] for a in report_lib.arm_order(by_arm, ARMS)}
 
 
 def _sweep_tables(by_arm: dict) -> list[str]:
@@ -200,7 +200,7 @@ def _verdict_words(p: stats.Paired) -> str:
 
 
 def _plots(by_arm: dict, chosen: dict, out_dir: pathlib.Path, stem: str) -> list[str]:
-  plt = reporting.pyplot()
+  plt = report_lib.pyplot()
   if plt is None:
     return []
   made = []
@@ -218,7 +218,7 @@ def _plots(by_arm: dict, chosen: dict, out_dir: pathlib.Path, stem: str) -> list
     ax.set_title("learning-rate sensitivity")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    made.append(reporting.save_figure(fig, plt, out_dir, f"{stem}_lr_sweep.png"))
+    made.append(report_lib.save_figure(fig, plt, out_dir, f"{stem}_lr_sweep.png"))
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, lr in zip(axes, rates[-2:]):
       for i, (arm, rs) in enumerate(by_arm.items()):
@@ -232,7 +232,7 @@ def _plots(by_arm: dict, chosen: dict, out_dir: pathlib.Path, stem: str) -> list
     axes[0].set_ylabel("largest attention logit")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    made.append(reporting.save_figure(fig, plt, out_dir, f"{stem}_max_logit.png"))
+    made.append(report_lib.save_figure(fig, plt, out_dir, f"{stem}_max_logit.png"))
   if chosen:
     fig, ax = plt.subplots(figsize=(6, 4))
     for i, (arm, seeds) in enumerate(chosen.items()):
@@ -248,7 +248,7 @@ def _plots(by_arm: dict, chosen: dict, out_dir: pathlib.Path, stem: str) -> list
     ax.set_title("each arm at its best rate (mean over seeds)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    made.append(reporting.save_figure(fig, plt, out_dir, f"{stem}_best_curves.png"))
+    made.append(report_lib.save_figure(fig, plt, out_dir, f"{stem}_best_curves.png"))
   return [f"  plot: {p}" for p in made if p]
 
 

@@ -7,7 +7,7 @@ and mean entropy over the first ``probe_windows`` validation windows) and the
 isometry error of the query/key frames. The test loss is measured once, at the end.
 A run whose training loss turns non-finite stops there and is recorded as diverged.
 
-With a :class:`~stiefax.experiments.grok.checkpoints.Checkpoints`, the run resumes
+With a :class:`~stiefax.experiments.checkpoints.Checkpoints`, the run resumes
 from its latest checkpoint, saves one every ``checkpoint_every`` steps and on
 SIGINT/SIGTERM (:class:`~stiefax.experiments.stopping.StopRequest`); the batches
 depend on the step only, so a resumed run is the uninterrupted run.
@@ -23,16 +23,22 @@ import time
 from typing import Any
 from typing import Optional
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 
+import stiefax
 from stiefax.experiments import attention
+from stiefax.experiments import optim
 from stiefax.experiments.arms import Arm
-from stiefax.experiments.cli import progress_bar
 from stiefax.experiments.lm import data as data_lib
 from stiefax.experiments.lm.config import LMConfig
 from stiefax.experiments.lm.config import frame_rate
-from stiefax.experiments.lm.config import make_optimizer
+from stiefax.experiments.lm.config import hyper
 from stiefax.experiments.lm.config import schedule
+from stiefax.experiments.lm.model import DecoderLM
+from stiefax.experiments.progress import progress_bar
 from stiefax.experiments.stopping import Stopped
 from stiefax.experiments.stopping import StopRequest
 
@@ -61,15 +67,8 @@ class Programs:
 @functools.lru_cache(maxsize=16)
 def programs(arm: Arm, config: LMConfig) -> Programs:
   """The model, optimizer and jitted programs of ``arm`` at ``config``."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  import optax  # pylint: disable=g-import-not-at-top
-
-  import stiefax  # pylint: disable=g-import-not-at-top
-  from stiefax.experiments.lm.model import DecoderLM  # pylint: disable=g-import-not-at-top
-
   model = DecoderLM(config.model, arm.attention)
-  tx = make_optimizer(arm, config)
+  tx = optim.make_optimizer(arm, hyper(arm, config))
   seq = config.seq
 
   def loss_fn(variables, windows):
@@ -142,10 +141,6 @@ def init_params(arm: Arm, config: LMConfig, seed: int) -> Any:
 
   Every non-frame parameter depends on the seed only (shared by every arm and rate).
   """
-  import jax  # pylint: disable=g-import-not-at-top
-
-  import stiefax  # pylint: disable=g-import-not-at-top
-
   variables = programs(arm, config).init(jax.random.key(seed))
   if arm.orthonormal:
     params = stiefax.flax.project_params(
@@ -156,8 +151,6 @@ def init_params(arm: Arm, config: LMConfig, seed: int) -> Any:
 
 
 def _held_out_bpb(progs: Programs, variables, windows: np.ndarray) -> float:
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
   total = 0.0
   for s in range(0, len(windows), _EVAL_CHUNK):
     total += float(progs.loss(variables, jnp.asarray(windows[s : s + _EVAL_CHUNK])))
@@ -188,15 +181,12 @@ def train(
 ) -> dict:
   """Trains one (arm, seed); returns ``{"metrics", "history", "wall_time", ...}``.
 
-  ``checkpoints``: a :class:`~stiefax.experiments.grok.checkpoints.Checkpoints` to
+  ``checkpoints``: a :class:`~stiefax.experiments.checkpoints.Checkpoints` to
   resume from and save to (every ``checkpoint_every`` steps, a multiple of
   ``eval_every``; 0: only on a stop request). A stop request raises
   :class:`~stiefax.experiments.stopping.Stopped` after saving; a damaged checkpoint
-  raises :class:`~stiefax.experiments.grok.checkpoints.DamagedCheckpoint`.
+  raises :class:`~stiefax.experiments.checkpoints.DamagedCheckpoint`.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
   start = time.perf_counter()
   corpus = data_lib.load()
   progs = programs(arm, config)

@@ -3,7 +3,7 @@
 ``stiefax patches [run|sweep-n|sweep-eps] [options]``
 
 Data: CIFAR-10 from the python-format archive or folder, or an image-folder copy
-(``--data``; see :mod:`stiefax.experiments.patch_data`), or, with no ``--data``,
+(``--data``; see :mod:`stiefax.experiments.patches.data`), or, with no ``--data``,
 scikit-learn's ``digits`` (real 8x8 images shipped with the package: 4x4 patches, 4
 tokens of raw dimension 16 whitened to d=16, 4 heads of r=4). Tokens are contrast-
 normalized, PCA-whitened patches, cached on disk (``--cache``).
@@ -53,26 +53,26 @@ the paired difference to A2 (t, p, wins, 20 000-resample bootstrap 95% CI),
 isometry error and wall-clock per epoch.
 """
 
-from stiefax.experiments.patches.args import add_arguments
+from stiefax.experiments.patches.command import add_arguments
+from stiefax.experiments.patches.command import run
+from stiefax.experiments.patches.config import ADAM_ARMS
+from stiefax.experiments.patches.config import ARMS
+from stiefax.experiments.patches.config import EXPERIMENT
+from stiefax.experiments.patches.config import LOGIT_ARMS
+from stiefax.experiments.patches.config import OPTIMIZER_ARMS
+from stiefax.experiments.patches.config import PROTOCOLS
+from stiefax.experiments.patches.config import Setting
+from stiefax.experiments.patches.config import arm_by_name
+from stiefax.experiments.patches.config import arm_hparams
+from stiefax.experiments.patches.config import hyper
 from stiefax.experiments.patches.model import frame_paths
 from stiefax.experiments.patches.model import init_params
 from stiefax.experiments.patches.model import make_model
-from stiefax.experiments.patches.protocols import run
 from stiefax.experiments.patches.runs import config_hash
 from stiefax.experiments.patches.runs import run_command
 from stiefax.experiments.patches.runs import run_identity
 from stiefax.experiments.patches.runs import run_key
 from stiefax.experiments.patches.runs import run_name
-from stiefax.experiments.patches.settings import ADAM_ARMS
-from stiefax.experiments.patches.settings import ARMS
-from stiefax.experiments.patches.settings import EXPERIMENT
-from stiefax.experiments.patches.settings import LOGIT_ARMS
-from stiefax.experiments.patches.settings import OPTIMIZER_ARMS
-from stiefax.experiments.patches.settings import PROTOCOLS
-from stiefax.experiments.patches.settings import Setting
-from stiefax.experiments.patches.settings import arm_by_name
-from stiefax.experiments.patches.settings import arm_hparams
-from stiefax.experiments.patches.settings import make_optimizer
 from stiefax.experiments.patches.tables import report
 from stiefax.experiments.patches.training import Trainer
 from stiefax.experiments.patches.training import train
@@ -96,7 +96,7 @@ __all__ = [
   "arm_hparams",
   "Setting",
   "make_model",
-  "make_optimizer",
+  "hyper",
   "init_params",
   "frame_paths",
   "Trainer",

@@ -15,8 +15,14 @@ from typing import Any
 from typing import NamedTuple
 from typing import Optional
 
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+import stiefax
 from stiefax.experiments.arms import Arm
-from stiefax.experiments.patches.settings import Setting
+from stiefax.experiments.attention import attention_module
+from stiefax.experiments.patches.config import Setting
 
 __all__ = ["Programs", "make_model", "programs", "init_params", "frame_paths", "isometry_fn"]
 
@@ -62,12 +68,6 @@ def _programs(
   num_classes: int,
   attention: str = "plain",
 ) -> Programs:
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-  from stiefax.experiments.attention import attention_module  # pylint: disable=g-import-not-at-top
-
   xavier = nn.initializers.xavier_uniform()
 
   class PatchEncoder(nn.Module):
@@ -108,10 +108,6 @@ def _programs(
 @functools.lru_cache(maxsize=1)
 def isometry_fn():
   """Jitted ``params -> max|W^T W - I|`` over the query/key frames."""
-  import jax  # pylint: disable=g-import-not-at-top
-
-  import stiefax  # pylint: disable=g-import-not-at-top
-
   return jax.jit(lambda p: stiefax.diagnostics.isometry_error(p, stiefax.layouts.qk_labels))
 
 
@@ -120,10 +116,6 @@ def frame_paths(params) -> list[int]:
 
   ``params`` may be abstract (``jax.eval_shape``): only names and shapes are read.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-
-  import stiefax  # pylint: disable=g-import-not-at-top
-
   labels = jax.tree.leaves(stiefax.layouts.qk_labels(params))
   return [i for i, lab in enumerate(labels) if lab == "stiefel"]
 
@@ -136,11 +128,6 @@ def init_params(
   Orthonormal frames (``arm.orthonormal``) are drawn from the seed too, identical
   across the arms that use them. ``model_init`` is ``model.init`` or a jitted copy.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-  import stiefax  # pylint: disable=g-import-not-at-top
-
   key = jax.random.key(seed)
   k_init, k_frames = jax.random.split(key)
   params = (model_init or model.init)(k_init, jnp.zeros((1, tokens, d), jnp.float32))

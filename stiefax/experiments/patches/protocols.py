@@ -1,5 +1,8 @@
 """The protocols of ``stiefax patches``: run (with ``--select-lr``), sweep-n, sweep-eps.
 
+Each protocol (:data:`PROTOCOL_FNS`) trains the runs it is asked for in a
+:class:`Context` that :func:`stiefax.experiments.patches.command.run` builds.
+
 Every run is one JSON file in ``--out`` (:mod:`stiefax.experiments.store`: written
 atomically, never overwritten); a run whose file holds the same configuration is not
 trained again, and a lock on ``<run>.lock`` lets several processes share one ``--out``.
@@ -16,34 +19,28 @@ import math
 import os
 import pathlib
 import sys
-import time
 from typing import Any
 from typing import Optional
 from typing import Sequence
 
 import numpy as np
 
-from stiefax.experiments import patch_data
+from stiefax.experiments import flags
 from stiefax.experiments import store
 from stiefax.experiments.arms import Arm
 from stiefax.experiments.cli import CommandError
-from stiefax.experiments.cli import check_seeds
 from stiefax.experiments.cli import os_error
-from stiefax.experiments.cli import writable_dir
-from stiefax.experiments.patches import args as args_lib
+from stiefax.experiments.patches import data as data_lib
 from stiefax.experiments.patches import runs
-from stiefax.experiments.patches.settings import ADAM_ARMS
-from stiefax.experiments.patches.settings import ARMS
-from stiefax.experiments.patches.settings import EXPERIMENT
-from stiefax.experiments.patches.settings import LOGIT_ARMS
-from stiefax.experiments.patches.settings import OPTIMIZER_ARMS
-from stiefax.experiments.patches.settings import Setting
-from stiefax.experiments.patches.settings import arm_by_name
-from stiefax.experiments.patches.settings import arm_hparams
+from stiefax.experiments.patches.config import ADAM_ARMS
+from stiefax.experiments.patches.config import EXPERIMENT
+from stiefax.experiments.patches.config import Setting
+from stiefax.experiments.patches.config import arm_by_name
+from stiefax.experiments.patches.config import arm_hparams
 from stiefax.experiments.patches.training import Trainer
 from stiefax.experiments.patches.training import train
 
-__all__ = ["Context", "defaults", "make_setting", "run", "select_arms"]
+__all__ = ["Context", "PROTOCOL_FNS", "arm_map", "make_setting"]
 
 
 @dataclasses.dataclass
@@ -51,7 +48,7 @@ class Context:
   """What every protocol reads: the arguments, the images and where runs go."""
 
   args: argparse.Namespace
-  images: patch_data.Images
+  images: data_lib.Images
   out: pathlib.Path
   cache: Optional[pathlib.Path]
   progress: bool
@@ -64,33 +61,19 @@ class Context:
   done: dict = dataclasses.field(default_factory=dict)
 
 
-def defaults(args: argparse.Namespace) -> dict:
-  """The settings left unset on the command line: the paper's, or digits' without --data."""
-  digits = args.data is None
-  return {
-    "n_train": args.n_train or (1000 if digits else 10_000),
-    "patch": args.patch or (4 if digits else 8),
-    "d": args.d or (16 if digits else 128),
-    "heads": args.heads or (4 if digits else 8),
-    "head_dim": args.head_dim or (4 if digits else 16),
-    "ns": [125, 250, 500, 1000] if digits else [1000, 2000, 5000, 10_000, 20_000, 50_000],
-  }
-
-
-def select_arms(args: argparse.Namespace) -> list[Arm]:
-  """The arms of ``--arms`` (``all``: the paper's eight; sweep-eps defaults to B2)."""
-  if args.arms.strip().lower() == "all":
-    arms = [a for a in ARMS.values() if a.name not in (*OPTIMIZER_ARMS, *LOGIT_ARMS)]
-  else:
-    names = [t for t in args.arms.split(",") if t.strip()]
-    if not names:
-      raise CommandError("--arms: empty list")
-    arms = [arm_by_name(t) for t in names]
-    if len({a.name for a in arms}) != len(arms):
-      raise CommandError(f"--arms: repeated arm in {args.arms!r}")
-  if args.protocol == "sweep-eps" and args.arms == "A2,B2":
-    arms = [ARMS["B2"]]
-  return arms
+def arm_map(text: Optional[str], flag: str, sep: str = ",") -> dict:
+  """``"B2=1.0,A2=0.01"`` -> ``{"B2": "1.0", ...}`` with arm names resolved."""
+  out: dict[str, str] = {}
+  if not text:
+    return out
+  for item in text.split(sep):
+    if not item.strip():
+      continue
+    if "=" not in item:
+      raise CommandError(f"{flag}: expected ARM=VALUE items, got {item!r}")
+    name, value = item.split("=", 1)
+    out[arm_by_name(name).name] = value.strip()
+  return out
 
 
 def make_setting(
@@ -123,9 +106,9 @@ def make_setting(
   return s
 
 
-def _data(ctx: Context, n_train: int, n_val: int) -> patch_data.PatchData:
+def _data(ctx: Context, n_train: int, n_val: int) -> data_lib.PatchData:
   a, dflt = ctx.args, ctx.defaults
-  return patch_data.prepare(
+  return data_lib.prepare(
     ctx.images,
     n_train=n_train,
     n_val=n_val,
@@ -170,7 +153,7 @@ def _execute(
   arm: Arm,
   setting: Setting,
   knob: Optional[float],
-  data: patch_data.PatchData,
+  data: data_lib.PatchData,
   seeds: Sequence[int],
   eval_split: str = "test",
 ) -> list[dict]:
@@ -270,7 +253,7 @@ def _select(
   Returns ``({arm: knob}, selection runs)``. An arm with a selection run passed over
   (held by another process, in the first pass) has no choice yet and is left out.
   """
-  seeds = args_lib.ints(ctx.args.select_seeds, "--select-seeds")
+  seeds = flags.ints(ctx.args.select_seeds, "--select-seeds")
   chosen: dict = {}
   runs_: list = []
   for arm in arms:
@@ -298,7 +281,7 @@ def _select(
 
 
 def _knobs(ctx: Context) -> dict:
-  return {k: args_lib.knob(v, "--lr") for k, v in args_lib.arm_map(ctx.args.lr, "--lr").items()}
+  return {k: flags.knob(v, "--lr") for k, v in arm_map(ctx.args.lr, "--lr").items()}
 
 
 def _protocol_run(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int]) -> list[dict]:
@@ -319,8 +302,8 @@ def _protocol_run(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int]) -> li
       )
     data = _data(ctx, n_train, n_val)
     grids = {
-      k: [args_lib.knob(x, "--grid") for x in v.split(":")]
-      for k, v in args_lib.arm_map(a.grid, "--grid").items()
+      k: [flags.knob(x, "--grid") for x in v.split(":")]
+      for k, v in arm_map(a.grid, "--grid").items()
     }
     selected = [arm for arm in arms if arm.name != "frozen"]
     chosen, out = _select(ctx, selected, setting, data, grids)
@@ -347,7 +330,7 @@ def _protocol_sweep_n(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int]) -
   a = ctx.args
   if a.epochs is not None:
     raise CommandError("sweep-n sets the epochs from --budget (steps per run); drop --epochs")
-  ns = args_lib.ints(a.ns, "--ns") if a.ns else ctx.defaults["ns"]
+  ns = flags.ints(a.ns, "--ns") if a.ns else ctx.defaults["ns"]
   knobs = _knobs(ctx)
   out: list[dict] = []
   for n in ns:
@@ -369,7 +352,7 @@ def _protocol_sweep_eps(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int])
       f"sweep-eps varies the Riemannian Adam eps: arms {bad} have none;"
       f" use --arms from {', '.join(ADAM_ARMS)}"
     )
-  values = args_lib.floats(a.eps_values, "--eps-values")
+  values = flags.floats(a.eps_values, "--eps-values")
   if not values or any(v < 0 or not math.isfinite(v) for v in values):
     raise CommandError(f"--eps-values: need finite values >= 0, got {a.eps_values!r}")
   n_train = ctx.defaults["n_train"]
@@ -390,52 +373,3 @@ PROTOCOL_FNS: dict[str, Any] = {
   "sweep-n": _protocol_sweep_n,
   "sweep-eps": _protocol_sweep_eps,
 }
-
-
-def _cache_dir(args: argparse.Namespace) -> Optional[pathlib.Path]:
-  """The cache folder (None: no cache). ``--cache`` must be writable (``CommandError``);
-  the default one, when it is not, is left out with a notice."""
-  if args.no_cache:
-    return None
-  if args.cache is not None:
-    return writable_dir(pathlib.Path(args.cache).expanduser() if args.cache else "", "--cache")
-  cache = patch_data.default_cache_dir()
-  try:
-    return writable_dir(cache, "the cache folder")
-  except CommandError as e:
-    print(f"stiefax patches: {e} Continuing without a cache.", file=sys.stderr, flush=True)
-    return None
-
-
-def run(args: argparse.Namespace) -> int:
-  """``stiefax patches``: trains what ``args`` ask for, prints the report."""
-  from stiefax.experiments.patches import tables  # pylint: disable=g-import-not-at-top
-
-  args_lib.validate(args)
-  arms = select_arms(args)
-  seeds = check_seeds(args_lib.ints(args.seeds, "--seeds"), "--seeds")
-  check_seeds(args_lib.ints(args.select_seeds, "--select-seeds"), "--select-seeds")
-  check_seeds([args.order_seed], "--order-seed")
-  out_path = pathlib.Path(args.out).expanduser() if str(args.out).strip() else ""
-  writable_dir(out_path, "--out")  # fail before reading data or training
-  cache = _cache_dir(args)
-  progress = not args.no_progress
-  images = patch_data.load_images(
-    args.data, order_seed=args.order_seed, cache_dir=cache, progress=progress
-  )
-  out = writable_dir(out_path, "--out")
-  ctx = Context(args, images, out, cache, progress, defaults(args))
-  t0 = time.perf_counter()
-  protocol = PROTOCOL_FNS[args.protocol]
-  ctx.defer_held = True
-  done = protocol(ctx, arms, seeds)
-  if ctx.deferred:
-    print(
-      f"\nsecond pass: {len(ctx.deferred)} run(s) were held by other processes; waiting for them",
-      flush=True,
-    )
-    ctx.defer_held, ctx.deferred = False, []
-    done = protocol(ctx, arms, seeds)
-  print(f"\n{len(done)} runs in {time.perf_counter() - t0:.1f} s; results in {ctx.out}\n")
-  print(tables.report(done, ctx.out))
-  return 0

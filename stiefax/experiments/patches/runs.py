@@ -17,8 +17,8 @@ from typing import Optional
 
 from stiefax.experiments import store
 from stiefax.experiments.arms import Arm
-from stiefax.experiments.patches.settings import Setting
-from stiefax.experiments.patches.settings import frame_init
+from stiefax.experiments.patches.config import Setting
+from stiefax.experiments.patches.config import frame_init
 
 __all__ = [
   "DataFacts",
@@ -36,7 +36,7 @@ __all__ = [
 class DataFacts:
   """What a run records about its data besides the command-line settings."""
 
-  dataset: str  # the data set's name (patch_data.Images.name)
+  dataset: str  # the data set's name (data_lib.Images.name)
   classes: int
   n_test: int
   n_val: int
@@ -45,7 +45,7 @@ class DataFacts:
 
   @classmethod
   def of(cls, images: Any, data: Any) -> DataFacts:
-    """From a :class:`patch_data.Images` and the :class:`patch_data.PatchData` of a run."""
+    """From a :class:`data_lib.Images` and the :class:`data_lib.PatchData` of a run."""
     return cls(
       dataset=images.name,
       classes=len(images.classes),

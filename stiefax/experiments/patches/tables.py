@@ -18,16 +18,17 @@ from typing import Sequence
 
 import numpy as np
 
-from stiefax.experiments import reporting
+from stiefax.experiments import report as report_lib
+from stiefax.experiments import stats
+from stiefax.experiments.patches.config import ARMS
+from stiefax.experiments.patches.config import EXPERIMENT
+from stiefax.experiments.patches.config import Setting
 from stiefax.experiments.patches.runs import knob_of
 from stiefax.experiments.patches.runs import run_identity
-from stiefax.experiments.patches.settings import ARMS
-from stiefax.experiments.patches.settings import EXPERIMENT
-from stiefax.experiments.patches.settings import Setting
-from stiefax.experiments.reporting import PAIRED_HEADER
-from stiefax.experiments.reporting import num as _num
-from stiefax.experiments.reporting import paired_cells as _paired_cells
-from stiefax.experiments.reporting import table as _table
+from stiefax.experiments.report import PAIRED_HEADER
+from stiefax.experiments.report import num as _num
+from stiefax.experiments.report import paired_cells as _paired_cells
+from stiefax.experiments.report import table as _table
 
 __all__ = ["report", "CONTRASTS"]
 
@@ -64,7 +65,7 @@ def _label(r: dict, knobs: dict) -> str:
 
 
 def _arm_order(names) -> list[str]:
-  return reporting.arm_order(names, ARMS)
+  return report_lib.arm_order(names, ARMS)
 
 
 def _title(cfg: dict) -> str:
@@ -102,16 +103,14 @@ CONTRASTS = (
 
 
 def _by_seed(runs: Sequence[dict], metric: str) -> dict:
-  return reporting.by_seed(runs, metric)
+  return report_lib.by_seed(runs, metric)
 
 
 def _paired_row(base: dict, other: dict):
-  return reporting.paired_by_seed(base, other, scale=100.0)
+  return report_lib.paired_by_seed(base, other, scale=100.0)
 
 
 def _report_main(runs: Sequence[dict], out_dir: pathlib.Path, tag: str) -> list[str]:
-  from stiefax.experiments import stats  # pylint: disable=g-import-not-at-top
-
   groups: dict = {}
   for r in runs:
     groups.setdefault(_group_key(r["config"]), []).append(r)
@@ -189,8 +188,6 @@ def _report_frozen_share(runs: Sequence[dict]) -> list[str]:
   A share near 1 says orthonormal frames alone earn the gain; near 0, that training
   them with the Riemannian step does.
   """
-  from stiefax.experiments import stats  # pylint: disable=g-import-not-at-top
-
   groups: dict = {}
   for r in runs:
     groups.setdefault(_group_key(r["config"]), {}).setdefault(r["arm"], []).append(r)
@@ -303,8 +300,6 @@ def _eps_references(sweep: Sequence[dict], runs: Sequence[dict]) -> list[dict]:
 
 
 def _report_sweep_n(runs: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
-  from stiefax.experiments import stats  # pylint: disable=g-import-not-at-top
-
   by_n: dict = {}
   for r in runs:
     by_n.setdefault(r["config"]["n_train"], {}).setdefault(r["arm"], []).append(r)
@@ -343,8 +338,6 @@ def _report_sweep_n(runs: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
 
 
 def _report_sweep_eps(runs: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
-  from stiefax.experiments import stats  # pylint: disable=g-import-not-at-top
-
   lines = ["patches (sweep-eps): Riemannian Adam eps probe (paper 4.7)"]
   for arm in _arm_order({r["arm"] for r in runs}):
     by_eps: dict = {}
@@ -408,7 +401,7 @@ def _report_select(runs: Sequence[dict]) -> list[str]:
 
 
 def _plot_main(by_arm: dict, out_dir: pathlib.Path, name: str, title: str) -> Optional[str]:
-  plt = reporting.pyplot()
+  plt = report_lib.pyplot()
   if plt is None:
     return None
   names = _arm_order(by_arm)
@@ -442,13 +435,13 @@ def _plot_main(by_arm: dict, out_dir: pathlib.Path, name: str, title: str) -> Op
   ax2.legend(fontsize=8)
   fig.suptitle(title, fontsize=9)
   fig.tight_layout()
-  return reporting.save_figure(fig, plt, out_dir, name)
+  return report_lib.save_figure(fig, plt, out_dir, name)
 
 
 def _plot_xy(
   curves: dict, out_dir: pathlib.Path, name: str, xlabel: str, ylabel: str
 ) -> Optional[str]:
-  plt = reporting.pyplot()
+  plt = report_lib.pyplot()
   if plt is None:
     return None
   fig, ax = plt.subplots(figsize=(6, 4))
@@ -463,7 +456,7 @@ def _plot_xy(
   ax.set_ylabel(ylabel)
   ax.legend()
   fig.tight_layout()
-  return reporting.save_figure(fig, plt, out_dir, name)
+  return report_lib.save_figure(fig, plt, out_dir, name)
 
 
 def report(runs: list[dict], out_dir: pathlib.Path) -> str:

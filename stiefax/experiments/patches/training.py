@@ -12,16 +12,22 @@ import time
 from typing import Any
 from typing import Optional
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 
+import stiefax
+from stiefax import geometry
 from stiefax.experiments import attention
-from stiefax.experiments import cli
-from stiefax.experiments import patch_data
+from stiefax.experiments import optim
 from stiefax.experiments.arms import Arm
+from stiefax.experiments.patches import data as data_lib
 from stiefax.experiments.patches import model as model_lib
-from stiefax.experiments.patches.settings import Setting
-from stiefax.experiments.patches.settings import learning_rates
-from stiefax.experiments.patches.settings import make_optimizer
+from stiefax.experiments.patches.config import Setting
+from stiefax.experiments.patches.config import hyper
+from stiefax.experiments.patches.config import learning_rates
+from stiefax.experiments.progress import progress_bar
 
 __all__ = ["EpochStats", "Trainer", "train"]
 
@@ -45,14 +51,11 @@ class Trainer:
   """
 
   def __init__(self, arm: Arm, setting: Setting, hp: dict, tokens: int, num_classes: int):
-    import jax  # pylint: disable=g-import-not-at-top
-    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
     self.arm, self.setting, self.hp = arm, setting, hp
     self.tokens, self.num_classes = tokens, num_classes
     progs = model_lib.programs(setting, tokens, num_classes, arm.attention)
     self.model = progs.model
-    self.tx = make_optimizer(arm, setting, hp)
+    self.tx = optim.make_optimizer(arm, hyper(setting, hp))
     abstract = jax.eval_shape(
       progs.init, jax.random.key(0), jax.ShapeDtypeStruct((1, tokens, setting.d), jnp.float32)
     )
@@ -66,13 +69,6 @@ class Trainer:
 
   def _epoch_fn(self):
     """``epoch(params, opt_state, xs, ys, idx, w) -> (params, opt_state, EpochStats)``."""
-    import jax  # pylint: disable=g-import-not-at-top
-    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-    import optax  # pylint: disable=g-import-not-at-top
-
-    import stiefax  # pylint: disable=g-import-not-at-top
-    from stiefax import geometry  # pylint: disable=g-import-not-at-top
-
     model, tx, frame_ids = self.model, self.tx, self.frame_ids
     lam = self.hp["penalty"]
     spec = stiefax.FrameSpec()
@@ -143,8 +139,6 @@ class Trainer:
 
   def accuracy(self, params, x: np.ndarray, y: np.ndarray, chunk: int = 1000) -> float:
     """Accuracy over ``(x, y)`` in fixed-size chunks (the last one padded)."""
-    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
     if len(y) == 0:
       return float("nan")
     chunk = min(chunk, len(y))
@@ -188,7 +182,7 @@ PROBE_BATCH = 256
 
 def train(
   trainer: Trainer,
-  data: patch_data.PatchData,
+  data: data_lib.PatchData,
   seed: int,
   *,
   eval_split: str = "test",
@@ -197,9 +191,6 @@ def train(
   desc: str = "",
 ) -> dict:
   """Trains one (arm, seed) and returns ``{"metrics", "history", "wall_time"}``."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
   s = trainer.setting
   t_start = time.perf_counter()
   xs, ys = jnp.asarray(data.train_x), jnp.asarray(data.train_y)
@@ -211,7 +202,7 @@ def train(
   hist[f"{eval_split}_acc"] = []
   hist[f"{eval_split}_acc_epoch"] = []
   diverged = False
-  bar = cli.progress_bar(s.epochs, desc=desc, unit="ep", enabled=progress, leave=False)
+  bar = progress_bar(s.epochs, desc=desc, unit="ep", enabled=progress, leave=False)
   for ep in range(s.epochs):
     idx, w = trainer.batches(rng, data.train_x.shape[0])
     t0 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""A grokking run's training state on disk (Orbax), for resuming an interrupted run."""
+"""A run's training state on disk (Orbax), for resuming an interrupted run (grok, lm)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,13 @@ import hashlib
 import os
 import pathlib
 import shutil
+import sys
 from typing import Any
 from typing import Optional
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
 
 from stiefax.experiments import store
 from stiefax.experiments.cli import CommandError
@@ -32,9 +37,6 @@ def _short(e: BaseException, limit: int = 120) -> str:
 
 def tree_digest(tree) -> str:
   """SHA-256 of the bytes, shapes and dtypes of the leaves of ``tree`` (in tree order)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-
   h = hashlib.sha256()
   for leaf in jax.tree.leaves(jax.device_get(tree)):
     a = np.ascontiguousarray(leaf)
@@ -70,8 +72,6 @@ class Checkpoints:
     if problem is not None:
       raise DamagedCheckpoint(self.directory, problem)
     if self._manager is None:
-      import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-
       self._remove_partial()  # a save cut short (the run's lock is held: nobody saves)
       options = ocp.CheckpointManagerOptions(
         max_to_keep=1, create=True, enable_async_checkpointing=False
@@ -98,8 +98,6 @@ class Checkpoints:
 
     A failed save leaves no temporary folder behind, and the previous checkpoint.
     """
-    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-
     state = {"params": params, "opt_state": opt_state}
     try:
       self._open().save(
@@ -134,9 +132,6 @@ class Checkpoints:
     """``(params, opt_state, meta)`` saved at ``epoch``; ``params``, ``opt_state``
     give the tree structure, shapes and dtypes. ``DamagedCheckpoint`` if it cannot be
     read back whole or its arrays differ from the digest saved with them."""
-    import jax  # pylint: disable=g-import-not-at-top
-    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-
     target = {"params": params, "opt_state": opt_state}
     try:
       abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
@@ -182,8 +177,6 @@ def set_aside(ckpt: Checkpoints, damage: DamagedCheckpoint, who: str) -> None:
 
   ``who``: the command (``"stiefax grok"``) that prints the line.
   """
-  import sys  # pylint: disable=g-import-not-at-top
-
   aside = ckpt.move_aside()
   print(
     f"{who}: checkpoint {ckpt.directory} is unusable ({damage.reason}); moved it to"

@@ -46,7 +46,12 @@ import zipfile
 import zlib
 
 import numpy as np
+from PIL import Image
+import sklearn
+from sklearn.datasets import load_digits
+from tqdm import tqdm
 
+from stiefax.experiments import store
 from stiefax.experiments.cli import CommandError
 
 __all__ = [
@@ -114,8 +119,6 @@ def save_npz(path: pathlib.Path, **arrays) -> bool:
   on stderr, not an error; a half-written cache file is never left or read back
   (:func:`stiefax.experiments.store.atomic_write`).
   """
-  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
-
   try:
     store.atomic_write(path, lambda f: np.savez(f, **arrays))
     return True
@@ -306,8 +309,6 @@ def _split_of(parts: Sequence[str]) -> Optional[tuple[str, str]]:
 
 
 def _decode(raw: bytes, name: str, where: str) -> np.ndarray:
-  from PIL import Image  # pylint: disable=g-import-not-at-top
-
   try:
     with Image.open(io.BytesIO(raw)) as im:
       return np.asarray(im.convert("RGB"), dtype=np.uint8)
@@ -323,8 +324,6 @@ def _image_folder(
   progress: bool,
 ) -> Images:
   """``files`` yields ``(split, class, name, bytes)``."""
-  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-
   found: dict[str, list] = {"train": [], "test": []}
   for split, cls, name, raw in tqdm(
     files, desc="decoding images", unit="img", disable=not progress, leave=False
@@ -376,8 +375,9 @@ def _read_image_tar(
       if not m.isfile():
         continue
       hit = _split_of(m.name.split("/"))
-      if hit:
-        yield hit[0], hit[1], m.name.rsplit("/", 1)[-1], tar.extractfile(m).read()
+      data = tar.extractfile(m) if hit else None  # never None for a regular file
+      if hit and data is not None:
+        yield hit[0], hit[1], m.name.rsplit("/", 1)[-1], data.read()
 
   return _image_folder(files(), str(path), cache_digest(_file_id(path)), order_seed, progress)
 
@@ -428,9 +428,6 @@ def _read_path(path: pathlib.Path, order_seed: int, progress: bool) -> Images:
 
 
 def _digits() -> Images:
-  import sklearn  # pylint: disable=g-import-not-at-top
-  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
-
   bunch = load_digits()
   x = np.asarray(bunch.images, np.float64).round().astype(np.uint8)[..., None]
   y = np.asarray(bunch.target, np.int32)

@@ -6,6 +6,8 @@ import dataclasses
 import math
 from typing import Optional
 
+import optax
+
 from stiefax.experiments import arms
 from stiefax.experiments import optim
 from stiefax.experiments.arms import Arm
@@ -109,26 +111,25 @@ def arm_hparams(arm: Arm, setting: Setting, knob: Optional[float]) -> dict:
 
 def schedule(setting: Setting, peak: float):
   """5-epoch (``warmup_epochs``) linear warm-up to ``peak``, then cosine to zero."""
-  import optax  # pylint: disable=g-import-not-at-top
-
   return optax.warmup_cosine_decay_schedule(
     0.0, peak, setting.warmup_steps, setting.total_steps, 0.0
   )
 
 
-def make_optimizer(arm: Arm, setting: Setting, hp: dict):
-  """``optax.adamw`` or ``stiefax.stiefel_adamw`` with the arm's frame rule, on schedules."""
+def hyper(setting: Setting, hp: dict) -> optim.Hyper:
+  """The settings of the arm's optimizer (:func:`stiefax.experiments.optim.make_optimizer`):
+  ``optax.adamw`` or ``stiefax.stiefel_adamw`` with the arm's frame rule, on schedules.
+
+  ``hp``: the arm's rates (:func:`arm_hparams`).
+  """
   frame_lr = hp["riemannian_lr"]
-  return optim.make_optimizer(
-    arm,
-    optim.Hyper(
-      adamw_lr=schedule(setting, hp["adamw_lr"]),
-      frame_lr=schedule(setting, frame_lr) if frame_lr else 0.0,
-      weight_decay=setting.weight_decay,
-      eps=setting.eps if hp["eps"] is None else hp["eps"],
-      max_norm=setting.max_norm,
-      polar=setting.polar,
-    ),
+  return optim.Hyper(
+    adamw_lr=schedule(setting, hp["adamw_lr"]),
+    frame_lr=schedule(setting, frame_lr) if frame_lr else 0.0,
+    weight_decay=setting.weight_decay,
+    eps=setting.eps if hp["eps"] is None else hp["eps"],
+    max_norm=setting.max_norm,
+    polar=setting.polar,
   )
 
 

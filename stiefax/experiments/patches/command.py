@@ -1,79 +1,39 @@
-"""The command line of ``stiefax patches``: its arguments and their checks."""
+"""The command line of ``stiefax patches``: its arguments, their checks, and the run.
+
+:func:`run` checks the arguments, loads the images and runs the protocol asked for
+(:mod:`stiefax.experiments.patches.protocols`), then prints the report.
+"""
 
 from __future__ import annotations
 
 import argparse
 import math
+import pathlib
+import sys
+import time
 from typing import Optional
 
+import stiefax
+from stiefax import _routing
+from stiefax.experiments import flags
+from stiefax.experiments import patches
+from stiefax.experiments.arms import Arm
 from stiefax.experiments.cli import CommandError
-from stiefax.experiments.patches.settings import PROTOCOLS
-from stiefax.experiments.patches.settings import arm_by_name
+from stiefax.experiments.cli import check_seeds
+from stiefax.experiments.cli import writable_dir
+from stiefax.experiments.patches import data as data_lib
+from stiefax.experiments.patches import protocols
+from stiefax.experiments.patches import tables
+from stiefax.experiments.patches.config import ARMS
+from stiefax.experiments.patches.config import LOGIT_ARMS
+from stiefax.experiments.patches.config import OPTIMIZER_ARMS
+from stiefax.experiments.patches.config import PROTOCOLS
+from stiefax.experiments.patches.config import arm_by_name
 
-__all__ = ["add_arguments", "validate", "floats", "ints", "arm_map", "knob"]
-
-
-def floats(text: str, flag: str) -> list[float]:
-  """Comma-separated numbers (``CommandError`` naming ``flag`` otherwise)."""
-  try:
-    return [float(t) for t in text.split(",") if t.strip()]
-  except ValueError:
-    raise CommandError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
-
-
-def ints(text: str, flag: str) -> list[int]:
-  """Comma-separated distinct integers or ranges such as ``0-11``."""
-  out: list[int] = []
-  try:
-    for t in text.split(","):
-      t = t.strip()
-      if not t:
-        continue
-      if "-" in t[1:]:
-        lo, hi = t.split("-", 1)
-        out.extend(range(int(lo), int(hi) + 1))
-      else:
-        out.append(int(float(t)) if "e" in t.lower() else int(t))
-  except ValueError:
-    raise CommandError(
-      f"{flag}: expected comma-separated integers or ranges like 0-11, got {text!r}"
-    ) from None
-  if not out:
-    raise CommandError(f"{flag}: empty list")
-  if len(set(out)) != len(out):
-    raise CommandError(f"{flag}: repeated values in {text!r}")
-  return out
-
-
-def arm_map(text: Optional[str], flag: str, sep: str = ",") -> dict:
-  """``"B2=1.0,A2=0.01"`` -> ``{"B2": "1.0", ...}`` with arm names resolved."""
-  out: dict[str, str] = {}
-  if not text:
-    return out
-  for item in text.split(sep):
-    if not item.strip():
-      continue
-    if "=" not in item:
-      raise CommandError(f"{flag}: expected ARM=VALUE items, got {item!r}")
-    name, value = item.split("=", 1)
-    out[arm_by_name(name).name] = value.strip()
-  return out
-
-
-def knob(text: str, flag: str) -> float:
-  """A rate: a finite number >= 0."""
-  try:
-    v = float(text)
-  except ValueError:
-    raise CommandError(f"{flag}: {text!r} is not a number") from None
-  if not math.isfinite(v) or v < 0:
-    raise CommandError(f"{flag}: rates must be finite and >= 0, got {text!r}")
-  return v
+__all__ = ["add_arguments", "validate", "defaults", "select_arms", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-  from stiefax.experiments import patches  # pylint: disable=g-import-not-at-top
-
   doc = patches.__doc__ or ""
   parser.description = doc.split("\n\n", 1)[0]
   parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -222,8 +182,6 @@ def validate(args: argparse.Namespace) -> None:
     _positive(getattr(args, flag), "--" + flag.replace("_", "-"), allow_zero=True)
   _positive(args.max_norm, "--max-norm")
   _positive(args.whiten_eps, "--whiten-eps")  # Lambda + eps must be invertible
-  from stiefax import _routing  # pylint: disable=g-import-not-at-top
-
   # The optimizers' own ranges (what they would raise when built), checked before any data
   # is read or run trained.
   for flag, arg, value in (
@@ -235,7 +193,81 @@ def validate(args: argparse.Namespace) -> None:
     problem = _routing.hyperparam_problem(arg, value)
     if problem is not None:
       raise CommandError(f"{flag} {problem}")
-  import stiefax  # pylint: disable=g-import-not-at-top
-
   if args.polar not in stiefax.POLAR_METHODS:
     raise CommandError(f"--polar {args.polar!r}: choose from {', '.join(stiefax.POLAR_METHODS)}")
+
+
+def defaults(args: argparse.Namespace) -> dict:
+  """The settings left unset on the command line: the paper's, or digits' without --data."""
+  digits = args.data is None
+  return {
+    "n_train": args.n_train or (1000 if digits else 10_000),
+    "patch": args.patch or (4 if digits else 8),
+    "d": args.d or (16 if digits else 128),
+    "heads": args.heads or (4 if digits else 8),
+    "head_dim": args.head_dim or (4 if digits else 16),
+    "ns": [125, 250, 500, 1000] if digits else [1000, 2000, 5000, 10_000, 20_000, 50_000],
+  }
+
+
+def select_arms(args: argparse.Namespace) -> list[Arm]:
+  """The arms of ``--arms`` (``all``: the paper's eight; sweep-eps defaults to B2)."""
+  if args.arms.strip().lower() == "all":
+    arms = [a for a in ARMS.values() if a.name not in (*OPTIMIZER_ARMS, *LOGIT_ARMS)]
+  else:
+    names = [t for t in args.arms.split(",") if t.strip()]
+    if not names:
+      raise CommandError("--arms: empty list")
+    arms = [arm_by_name(t) for t in names]
+    if len({a.name for a in arms}) != len(arms):
+      raise CommandError(f"--arms: repeated arm in {args.arms!r}")
+  if args.protocol == "sweep-eps" and args.arms == "A2,B2":
+    arms = [ARMS["B2"]]
+  return arms
+
+
+def _cache_dir(args: argparse.Namespace) -> Optional[pathlib.Path]:
+  """The cache folder (None: no cache). ``--cache`` must be writable (``CommandError``);
+  the default one, when it is not, is left out with a notice."""
+  if args.no_cache:
+    return None
+  if args.cache is not None:
+    return writable_dir(pathlib.Path(args.cache).expanduser() if args.cache else "", "--cache")
+  cache = data_lib.default_cache_dir()
+  try:
+    return writable_dir(cache, "the cache folder")
+  except CommandError as e:
+    print(f"stiefax patches: {e} Continuing without a cache.", file=sys.stderr, flush=True)
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+  """``stiefax patches``: trains what ``args`` ask for, prints the report."""
+  validate(args)
+  arms = select_arms(args)
+  seeds = check_seeds(flags.ints(args.seeds, "--seeds"), "--seeds")
+  check_seeds(flags.ints(args.select_seeds, "--select-seeds"), "--select-seeds")
+  check_seeds([args.order_seed], "--order-seed")
+  out_path = pathlib.Path(args.out).expanduser() if str(args.out).strip() else ""
+  writable_dir(out_path, "--out")  # fail before reading data or training
+  cache = _cache_dir(args)
+  progress = not args.no_progress
+  images = data_lib.load_images(
+    args.data, order_seed=args.order_seed, cache_dir=cache, progress=progress
+  )
+  out = writable_dir(out_path, "--out")
+  ctx = protocols.Context(args, images, out, cache, progress, defaults(args))
+  t0 = time.perf_counter()
+  protocol = protocols.PROTOCOL_FNS[args.protocol]
+  ctx.defer_held = True
+  done = protocol(ctx, arms, seeds)
+  if ctx.deferred:
+    print(
+      f"\nsecond pass: {len(ctx.deferred)} run(s) were held by other processes; waiting for them",
+      flush=True,
+    )
+    ctx.defer_held, ctx.deferred = False, []
+    done = protocol(ctx, arms, seeds)
+  print(f"\n{len(done)} runs in {time.perf_counter() - t0:.1f} s; results in {ctx.out}\n")
+  print(tables.report(done, ctx.out))
+  return 0

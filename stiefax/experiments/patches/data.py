@@ -7,7 +7,7 @@ then PCA-whitened to ``d`` dimensions by one projection ``V (Lambda + eps)^{-1/2
 (``eps = 0.1``), fit on a subsample of at most 100 000 patches of the *training*
 images only. The whitened tokens are cached on disk, keyed by their configuration.
 
-The images come from :mod:`stiefax.experiments.patch_images` (its names are
+The images come from :mod:`stiefax.experiments.patches.images` (its names are
 re-exported here).
 """
 
@@ -20,15 +20,15 @@ from typing import Optional
 import numpy as np
 
 from stiefax.experiments.cli import CommandError
-from stiefax.experiments.patch_images import CACHE_VERSION
-from stiefax.experiments.patch_images import CIFAR_FILES
-from stiefax.experiments.patch_images import Images
-from stiefax.experiments.patch_images import cache_digest
-from stiefax.experiments.patch_images import default_cache_dir
-from stiefax.experiments.patch_images import interleaved_order
-from stiefax.experiments.patch_images import load_images
-from stiefax.experiments.patch_images import load_npz
-from stiefax.experiments.patch_images import save_npz
+from stiefax.experiments.patches.images import CACHE_VERSION
+from stiefax.experiments.patches.images import CIFAR_FILES
+from stiefax.experiments.patches.images import Images
+from stiefax.experiments.patches.images import cache_digest
+from stiefax.experiments.patches.images import default_cache_dir
+from stiefax.experiments.patches.images import interleaved_order
+from stiefax.experiments.patches.images import load_images
+from stiefax.experiments.patches.images import load_npz
+from stiefax.experiments.patches.images import save_npz
 
 __all__ = [
   "Images",
