@@ -10,45 +10,98 @@ a documented submodule: :mod:`stiefax.geometry`, :mod:`stiefax.layouts`,
 :mod:`stiefax.labels`, :mod:`stiefax.flax`, :mod:`stiefax.diagnostics`,
 :mod:`stiefax.covariance`, :mod:`stiefax.elr`, :mod:`stiefax.sphere`,
 :mod:`stiefax.muon` and :mod:`stiefax.certificates`.
+
+The names are loaded on first use (PEP 562): ``import stiefax`` itself loads neither
+jax nor optax, so the ``stiefax`` command starts at once; ``stiefax.stiefel_adamw`` and
+``from stiefax import stiefel_adamw`` work as with any module.
 """
 
-from stiefax import certificates
-from stiefax import covariance
-from stiefax import diagnostics
-from stiefax import elr
-from stiefax import flax
-from stiefax import geometry
-from stiefax import labels
-from stiefax import layouts
-from stiefax import muon
-from stiefax import sphere
-from stiefax._matrix import POLAR_METHODS
-from stiefax.alias import MOMENTS
-from stiefax.alias import FramesAndRestState
-from stiefax.alias import riemannian_adam
-from stiefax.alias import riemannian_sgd
-from stiefax.alias import stiefel_adamw
-from stiefax.frames import FrameSpec
-from stiefax.muon import ManifoldMuonState
-from stiefax.muon import manifold_muon
-from stiefax.projections import canonical_gradient
-from stiefax.projections import grassmann_project
-from stiefax.projections import step_norm_cap
-from stiefax.projections import stiefel_project
-from stiefax.sphere import hyperball_adam
-from stiefax.sphere import sphere_project
-from stiefax.sphere import sphere_retract
-from stiefax.transforms import PROJECTORS
-from stiefax.transforms import RETRACTIONS
-from stiefax.transforms import ElementwiseMomentState
-from stiefax.transforms import PolarRetractState
-from stiefax.transforms import ScalarMomentState
-from stiefax.transforms import elementwise_moment
-from stiefax.transforms import polar_retract
-from stiefax.transforms import retract
-from stiefax.transforms import scalar_moment
+from __future__ import annotations
+
+import importlib
+import typing
+
+if typing.TYPE_CHECKING:  # the static view of the names loaded by __getattr__
+  from stiefax import certificates
+  from stiefax import covariance
+  from stiefax import diagnostics
+  from stiefax import elr
+  from stiefax import flax
+  from stiefax import geometry
+  from stiefax import labels
+  from stiefax import layouts
+  from stiefax import muon
+  from stiefax import sphere
+  from stiefax._matrix import POLAR_METHODS
+  from stiefax.alias import MOMENTS
+  from stiefax.alias import FramesAndRestState
+  from stiefax.alias import riemannian_adam
+  from stiefax.alias import riemannian_sgd
+  from stiefax.alias import stiefel_adamw
+  from stiefax.frames import FrameSpec
+  from stiefax.muon import ManifoldMuonState
+  from stiefax.muon import manifold_muon
+  from stiefax.projections import canonical_gradient
+  from stiefax.projections import grassmann_project
+  from stiefax.projections import step_norm_cap
+  from stiefax.projections import stiefel_project
+  from stiefax.sphere import hyperball_adam
+  from stiefax.sphere import sphere_project
+  from stiefax.sphere import sphere_retract
+  from stiefax.transforms import PROJECTORS
+  from stiefax.transforms import RETRACTIONS
+  from stiefax.transforms import ElementwiseMomentState
+  from stiefax.transforms import PolarRetractState
+  from stiefax.transforms import ScalarMomentState
+  from stiefax.transforms import elementwise_moment
+  from stiefax.transforms import polar_retract
+  from stiefax.transforms import retract
+  from stiefax.transforms import scalar_moment
 
 __version__ = "0.2.0"
+
+#: The documented submodules, loaded on first use.
+_SUBMODULES = (
+  "certificates",
+  "covariance",
+  "diagnostics",
+  "elr",
+  "flax",
+  "geometry",
+  "labels",
+  "layouts",
+  "muon",
+  "sphere",
+)
+
+#: Each public name of the top level and the module that defines it.
+_EXPORTS = {
+  "POLAR_METHODS": "stiefax._matrix",
+  "MOMENTS": "stiefax.alias",
+  "FramesAndRestState": "stiefax.alias",
+  "riemannian_adam": "stiefax.alias",
+  "riemannian_sgd": "stiefax.alias",
+  "stiefel_adamw": "stiefax.alias",
+  "FrameSpec": "stiefax.frames",
+  "ManifoldMuonState": "stiefax.muon",
+  "manifold_muon": "stiefax.muon",
+  "canonical_gradient": "stiefax.projections",
+  "grassmann_project": "stiefax.projections",
+  "step_norm_cap": "stiefax.projections",
+  "stiefel_project": "stiefax.projections",
+  "hyperball_adam": "stiefax.sphere",
+  "sphere_project": "stiefax.sphere",
+  "sphere_retract": "stiefax.sphere",
+  "PROJECTORS": "stiefax.transforms",
+  "RETRACTIONS": "stiefax.transforms",
+  "ElementwiseMomentState": "stiefax.transforms",
+  "PolarRetractState": "stiefax.transforms",
+  "ScalarMomentState": "stiefax.transforms",
+  "elementwise_moment": "stiefax.transforms",
+  "polar_retract": "stiefax.transforms",
+  "retract": "stiefax.transforms",
+  "scalar_moment": "stiefax.transforms",
+}
 
 __all__ = [
   "FrameSpec",
@@ -87,3 +140,19 @@ __all__ = [
   "sphere",
   "certificates",
 ]
+
+
+def __getattr__(name: str) -> typing.Any:
+  """Loads a public name (or a documented submodule) on first use and keeps it."""
+  if name in _SUBMODULES:
+    value = importlib.import_module(f"stiefax.{name}")
+  elif name in _EXPORTS:
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+  else:
+    raise AttributeError(f"module 'stiefax' has no attribute {name!r}")
+  globals()[name] = value
+  return value
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(__all__))

@@ -282,9 +282,10 @@ def sphere_moment(
       nu = jnp.zeros(batch_shape, _cd(w))
       return mu, nu, jnp.zeros(batch_shape, jnp.int32)
 
-    treedef = jax.tree_util.tree_structure(params)
-    outs = treedef.flatten_up_to(jax.tree_util.tree_map_with_path(leaf, params))
-    mu, nu, skipped = (treedef.unflatten([o[i] for o in outs]) for i in range(3))
+    outs = jax.tree_util.tree_map_with_path(leaf, params)
+    mu, nu, skipped = jax.tree.transpose(
+      jax.tree.structure(params), jax.tree.structure((0, 0, 0)), outs
+    )
     return ScalarMomentState(jnp.zeros([], jnp.int32), mu, nu, skipped)
 
   def update_fn(updates, state, params=None):
@@ -316,11 +317,12 @@ def sphere_moment(
         skipped + (~finite_b).astype(jnp.int32),
       )
 
-    treedef = jax.tree_util.tree_structure(updates)
-    outs = treedef.flatten_up_to(
-      jax.tree_util.tree_map_with_path(leaf, updates, params, state.mu, state.nu, state.skipped)
+    outs = jax.tree_util.tree_map_with_path(
+      leaf, updates, params, state.mu, state.nu, state.skipped
     )
-    out, mu, nu, skipped = (treedef.unflatten([o[i] for o in outs]) for i in range(4))
+    out, mu, nu, skipped = jax.tree.transpose(
+      jax.tree.structure(updates), jax.tree.structure((0, 0, 0, 0)), outs
+    )
     return out, ScalarMomentState(count, mu, nu, skipped)
 
   return optax.GradientTransformation(init_fn, update_fn)

@@ -483,9 +483,9 @@ def _retract(
       elif getattr(w, "is_fully_addressable", True):
         # Concrete params that this process holds entirely are checked on the host (a
         # global array spread over several hosts is not fetched).
-        wf = np.asarray(spec.to_frames(jnp.asarray(w)), np.float64)
-        gram = np.swapaxes(wf, -1, -2) @ wf
-        check(float(np.max(np.abs(gram - np.eye(gram.shape[-1])), initial=0.0)))
+        host = np.asarray(spec.to_frames(jnp.asarray(w)), np.float64)
+        host_gram = np.swapaxes(host, -1, -2) @ host
+        check(float(np.max(np.abs(host_gram - np.eye(host_gram.shape[-1])), initial=0.0)))
       return skipped
 
     return PolarRetractState(jax.tree_util.tree_map_with_path(leaf, params))

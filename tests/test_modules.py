@@ -6,7 +6,10 @@ documented submodule (the modules of the API reference), never from two.
 """
 
 import ast
+import importlib
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -183,10 +186,21 @@ def _defined(path: pathlib.Path) -> set[str]:
   return names
 
 
+def _top_level(path: pathlib.Path) -> list[ast.stmt]:
+  """A module's top-level statements, with those of an ``if typing.TYPE_CHECKING:``
+  block (``stiefax/__init__.py`` names its exports there and loads them on first use)."""
+  out: list[ast.stmt] = []
+  for node in ast.parse(path.read_text(encoding="utf-8")).body:
+    out.append(node)
+    if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+      out += node.body
+  return out
+
+
 def _imported_from(path: pathlib.Path) -> dict[str, str]:
   """``{name: module}`` of the top-level ``from stiefax... import name`` lines."""
   out = {}
-  for node in ast.parse(path.read_text(encoding="utf-8")).body:
+  for node in _top_level(path):
     if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("stiefax"):
       for a in node.names:
         out[a.asname or a.name] = node.module
@@ -268,3 +282,28 @@ def test_the_package_exports_what_it_imports():
 
   for name in stiefax.__all__:
     assert hasattr(stiefax, name), name
+    assert name in dir(stiefax), name
+
+
+def test_the_packages_lazy_table_is_its_static_imports():
+  """``stiefax.__getattr__`` loads exactly the names the ``TYPE_CHECKING`` block imports
+  (what type checkers and the docs see), each from the same module, and ``__all__``
+  lists every one of them."""
+  import stiefax
+
+  static = _imported_from(_module_path("stiefax"))
+  lazy = {name: module for name, module in stiefax._EXPORTS.items()}
+  lazy.update({name: "stiefax" for name in stiefax._SUBMODULES})
+  assert lazy == static
+  assert set(stiefax.__all__) == set(static)
+  for name, module in stiefax._EXPORTS.items():
+    assert getattr(stiefax, name) is getattr(importlib.import_module(module), name), name
+  with pytest.raises(AttributeError, match="no attribute 'stiefel_adam'"):
+    stiefax.stiefel_adam  # noqa: B018
+
+
+def test_importing_the_package_loads_no_jax():
+  """``import stiefax`` is light: the names, and jax with them, load on first use."""
+  code = "import stiefax, sys; print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'optax', 'flax')))"
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "[]", out.stdout

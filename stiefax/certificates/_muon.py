@@ -8,6 +8,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.linalg
+import scipy.optimize
 
 from stiefax import muon
 from stiefax.certificates._core import OPTIMUM_TOLERANCE
@@ -133,9 +135,6 @@ def scipy_spectral_step(w: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, Any]:
   Returns:
     ``(A, result)``: the direction and scipy's ``OptimizeResult``.
   """
-  import scipy.linalg  # pylint: disable=g-import-not-at-top
-  import scipy.optimize  # pylint: disable=g-import-not-at-top
-
   d, r = w.shape
   w_perp = scipy.linalg.null_space(w.T)
   directions: list[np.ndarray] = []

@@ -13,6 +13,7 @@ import shlex
 from typing import Sequence
 
 from stiefax.experiments import store
+from stiefax.experiments.grok import collapses
 from stiefax.experiments.grok.config import ARMS
 from stiefax.experiments.grok.config import GrokConfig
 from stiefax.experiments.grok.config import arm_definition
@@ -121,8 +122,6 @@ def summary_words(records: Sequence[dict]) -> str:
   held-out accuracy, the training collapses its evaluations caught, and whether it ends
   inside one), and the isometry of its frames. One run's epochs and accuracies are its
   own: they move with the seed and with float32 rounding (see :func:`seed_note`)."""
-  from stiefax.experiments.grok import collapses  # pylint: disable=g-import-not-at-top
-
   lines = []
   for r in records:
     m, c, h = r["metrics"], r["config"], r["history"]
