@@ -182,6 +182,7 @@ def test_the_command_trains_skips_and_reports(tmp_path, capsys):
   assert cli.main(["report", str(out)]) == 0
   report = capsys.readouterr().out
   assert "each arm at its best rate" in report and "B2" in report
+  assert "nan" not in report  # one seed: no interval, shown as "-"
 
 
 @pytest.mark.parametrize(

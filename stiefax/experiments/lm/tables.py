@@ -148,7 +148,7 @@ def _best_table(by_arm: dict) -> tuple[list[str], dict]:
     p = None
     if arm != "A2" and base:
       common = sorted(set(base) & set(test))
-      if common:
+      if len(common) >= 2:  # one pair has no interval
         p = stats.paired([base[s] for s in common], [test[s] for s in common])
     m = [r["metrics"] for r in rs]
     tps = [x["tokens_per_second"] for x in m if x.get("tokens_per_second")]
