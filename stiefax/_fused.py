@@ -5,7 +5,8 @@ retraction`` computed leaf by leaf with shared products
 (:func:`stiefax.geometry.project_and_transport`), the cap as a per-frame scalar on the
 first moment, and no rounding to the parameter dtype between the transforms. The state
 is the chain's own: the update finds the moment and retraction states in it by type,
-so the tree users checkpoint is the one ``fused=False`` gives.
+and a schedule's step count as the one other entry that holds arrays, so the tree
+users checkpoint is the one ``fused=False`` gives.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def fused_scalar_adam(
   chain: optax.GradientTransformation,
   lr_tx: optax.GradientTransformation,
   *,
+  scheduled: bool,
   b1: Any,
   b2: Any,
   eps: Any,
@@ -58,9 +60,10 @@ def fused_scalar_adam(
 ) -> optax.GradientTransformation:
   """``chain`` (the scalar-moment :func:`stiefax.riemannian_adam`) in one pass per frame.
 
-  ``lr_tx`` is the chain's ``scale_by_learning_rate``; the other arguments are those
-  the chain was built with. ``init`` is the chain's; ``update`` gives the chain's
-  update and state to rounding.
+  ``lr_tx`` is the chain's ``scale_by_learning_rate`` and ``scheduled`` whether its
+  rate is a schedule (whose state, a step count, is then in the chain's state); the
+  other arguments are those the chain was built with. ``init`` is the chain's;
+  ``update`` gives the chain's update and state to rounding.
   """
 
   def update_fn(updates, state, params=None):
@@ -77,13 +80,20 @@ def fused_scalar_adam(
     i_retract = _index(state, PolarRetractState)
     moment_state, retract_state = states[i_moment], states[i_retract]
     count = optax.safe_increment(moment_state.count)
-    # The learning rate (or schedule) acts through its own transform and state.
+    # The learning rate (or schedule) acts through its own transform and state. A
+    # schedule's state is the one entry besides the moment's and the retraction's that
+    # holds arrays (the projection, the cap and a constant rate keep none).
+    held = [
+      i for i, s in enumerate(states) if i not in (i_moment, i_retract) and jax.tree.leaves(s)
+    ]
+    if scheduled and len(held) != 1:
+      types = tuple(type(s).__name__ for s in states)
+      raise ValueError(_WRONG_STATE.format(n=len(held), kind="learning-rate", types=types))
     ones = jax.tree.map(lambda w: jnp.ones([], geometry.compute_dtype(w.dtype)), params)
-    lr_state = lr_tx.init(ones)
-    i_lr = _index(state, type(lr_state)) if jax.tree.leaves(lr_state) else None
-    neg_lr, lr_state = lr_tx.update(ones, lr_state if i_lr is None else states[i_lr])
-    if i_lr is not None:
-      states[i_lr] = lr_state
+    lr_state = states[held[0]] if scheduled else optax.EmptyState()
+    neg_lr, lr_state = lr_tx.update(ones, lr_state)
+    if scheduled:
+      states[held[0]] = lr_state
 
     def leaf(path, g, w, mu, nu, m_skipped, r_skipped, neg_lr):
       spec = checked_frames(frames, path, w)

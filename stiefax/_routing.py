@@ -27,8 +27,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 PARAMS_REQUIRED = (
   "stiefax.{name} needs the current point W: call"
-  " `tx.update(updates, state, params)`. The Stiefel transforms project onto the"
-  " tangent space at W and retract from W, so they cannot run without params."
+  " `tx.update(updates, state, params)`. The frame transforms (on the Stiefel"
+  " manifold or on spheres) project onto the tangent space at W and retract from W,"
+  " so they cannot run without params."
   " (With nnx.Optimizer and optax.partition the params are passed for you.)"
 )
 

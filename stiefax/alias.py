@@ -162,6 +162,7 @@ def riemannian_adam(
   return fused_scalar_adam(
     chain,
     lr_tx,
+    scheduled=callable(learning_rate),
     b1=b1,
     b2=b2,
     eps=eps,

@@ -67,7 +67,7 @@ from stiefax import geometry
 from stiefax import transforms
 from stiefax.frames import FramesLike
 from stiefax.frames import FrameSpec
-from stiefax.layouts import resolve_frames
+from stiefax.layouts import checked_frames
 
 __all__ = [
   "DUAL_ITERATIONS",
@@ -270,10 +270,11 @@ def manifold_muon(
     ns_iterations=ns_iterations,
   )
   bound = float(learning_rate) if isinstance(learning_rate, (int, float)) else None
+  lr_tx = optax.scale_by_learning_rate(learning_rate)
 
   def init_fn(params):
     def leaf(path, w):
-      spec = resolve_frames(frames, path, w)
+      spec = checked_frames(frames, path, w)
       skipped = _routing.zeros_per_frame(spec, w, jnp.int32)
       cd = jnp.promote_types(geometry.compute_dtype(w.dtype), jnp.float32)
       r = spec.frame_shape(w.shape)[2]
@@ -292,14 +293,19 @@ def manifold_muon(
     _routing.require_params("manifold_muon", params, updates)
     mstate = state
     count = optax.safe_increment(mstate.count)
-    # As optax.scale_by_learning_rate: a schedule is read at the count before the step.
-    lr = learning_rate(mstate.count) if callable(learning_rate) else learning_rate
-    neg_lr = -jnp.asarray(lr)
+    # -lr from optax's own transform. A schedule reads the count before the step,
+    # which is this state's count (the one the schedule's own state would hold).
+    if callable(learning_rate):
+      lr_state: Any = optax.ScaleByScheduleState(count=mstate.count)
+    else:
+      lr_state = optax.EmptyState()
+    neg_lr, _ = lr_tx.update(jnp.ones([]), lr_state)
     # A traced beta or rate out of range (a schedule turned NaN): a counted skip.
+    lr = -neg_lr if callable(learning_rate) else learning_rate
     ok = _routing.hyperparams_ok(beta=beta, learning_rate=lr)
 
     def leaf(path, g, w, mu, lam, res, gap, skipped):
-      spec = resolve_frames(frames, path, w)
+      spec = checked_frames(frames, path, w)
       cd = jnp.promote_types(geometry.compute_dtype(g.dtype), lam.dtype)
       wf = spec.to_frames(w).astype(cd)
       gf = spec.to_frames(g).astype(cd)

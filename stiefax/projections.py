@@ -154,6 +154,30 @@ def step_norm_cap(
 
   _routing.check_hyperparams("step_norm_cap", max_norm=max_norm)
 
+  def stiefel_frames(path, u):
+    spec = checked_frames(frames, path, u)
+    cd = jnp.promote_types(geometry.compute_dtype(u.dtype), jnp.float32)
+    eta = spec.to_frames(u).astype(cd)
+    restore = lambda x: spec.from_frames(x, u.shape).astype(u.dtype)
+    return eta, _routing.expand(geometry.frame_sq_norm(eta)), eta.shape[-1], restore
+
+  return norm_cap(max_norm, stiefel_frames)
+
+
+def norm_cap(
+  max_norm: Any,
+  frames_of: Callable[[Any, jax.Array], tuple[jax.Array, jax.Array, int, Callable[..., Any]]],
+) -> optax.GradientTransformation:
+  """The step cap of :func:`step_norm_cap` on the frames that ``frames_of`` finds.
+
+  ``frames_of(path, u) -> (eta, sq_norm, r, restore)``: the leaf's frames in the
+  compute dtype, their squared Frobenius norms (broadcasting against ``eta``), their
+  column count and the map from capped frames back to a leaf like ``u``.
+  :func:`step_norm_cap` views Stiefel frames; :func:`stiefax.hyperball_adam` views
+  sphere frames, which may be wide, vectors or scalars. ``max_norm`` is checked by
+  the caller.
+  """
+
   def init_fn(params):
     del params
     return optax.EmptyState()
@@ -163,14 +187,10 @@ def step_norm_cap(
     ok = _routing.hyperparams_ok(max_norm=max_norm)  # a traced tau out of range: a NaN step
 
     def leaf(path, u):
-      spec = checked_frames(frames, path, u)
-      cd = jnp.promote_types(geometry.compute_dtype(u.dtype), jnp.float32)
-      eta = spec.to_frames(u).astype(cd)
-      r = eta.shape[-1]
-      norm = jnp.sqrt(geometry.frame_sq_norm(eta))
-      limit = jnp.asarray(max_norm, cd) * math.sqrt(r)
-      factor = _routing.nan_unless(ok, _routing.cap_factor(norm, limit))
-      return spec.from_frames(eta * _routing.expand(factor), u.shape).astype(u.dtype)
+      eta, sq_norm, r, restore = frames_of(path, u)
+      limit = jnp.asarray(max_norm, eta.dtype) * math.sqrt(r)
+      factor = _routing.nan_unless(ok, _routing.cap_factor(jnp.sqrt(sq_norm), limit))
+      return restore(eta * factor)
 
     return jax.tree_util.tree_map_with_path(leaf, updates), state
 

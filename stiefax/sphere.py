@@ -34,27 +34,14 @@ import optax
 
 from stiefax import _routing
 from stiefax import geometry
-from stiefax._routing import cap_factor
 from stiefax.frames import FramesLike
 from stiefax.frames import FrameSpec
 from stiefax.layouts import resolve_frames
+from stiefax.projections import norm_cap
 from stiefax.transforms import ScalarMomentState
 
 # sphere_project, sphere_retract and hyperball_adam are exported by stiefax.
 __all__ = ["sphere_moment", "frame_axes"]
-
-
-_PARAMS_REQUIRED = (
-  "stiefax.{name} needs the current point W: call"
-  " `tx.update(updates, state, params)`. The sphere transforms project onto the"
-  " tangent space of the sphere at W and retract from W, so they cannot run without"
-  " params. (With nnx.Optimizer and optax.partition the params are passed for you.)"
-)
-
-
-def _require_params(name: str, params: Any) -> None:
-  if params is None:
-    raise ValueError(_PARAMS_REQUIRED.format(name=name))
 
 
 def frame_axes(spec: FrameSpec, shape: Sequence[int]) -> tuple[int, ...]:
@@ -150,7 +137,7 @@ def sphere_project(*, frames: FramesLike = FrameSpec()) -> optax.GradientTransfo
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None):
-    _require_params("sphere_project", params)
+    _routing.require_params("sphere_project", params, updates)
 
     def leaf(path, u, w):
       axes = _leaf_axes(frames, path, w)
@@ -201,7 +188,7 @@ def sphere_retract(
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None):
-    _require_params("sphere_retract", params)
+    _routing.require_params("sphere_retract", params, updates)
 
     def leaf(path, u, w):
       axes = _leaf_axes(frames, path, w)
@@ -282,14 +269,11 @@ def sphere_moment(
       nu = jnp.zeros(batch_shape, _cd(w))
       return mu, nu, jnp.zeros(batch_shape, jnp.int32)
 
-    outs = jax.tree_util.tree_map_with_path(leaf, params)
-    mu, nu, skipped = jax.tree.transpose(
-      jax.tree.structure(params), jax.tree.structure((0, 0, 0)), outs
-    )
+    mu, nu, skipped = _routing.per_leaf(leaf, 3, params)
     return ScalarMomentState(jnp.zeros([], jnp.int32), mu, nu, skipped)
 
   def update_fn(updates, state, params=None):
-    _require_params("sphere_moment", params)
+    _routing.require_params("sphere_moment", params, updates)
     count = optax.safe_increment(state.count)
     ok = _routing.hyperparams_ok(b1=b1, b2=b2, eps=eps)
 
@@ -317,11 +301,8 @@ def sphere_moment(
         skipped + (~finite_b).astype(jnp.int32),
       )
 
-    outs = jax.tree_util.tree_map_with_path(
-      leaf, updates, params, state.mu, state.nu, state.skipped
-    )
-    out, mu, nu, skipped = jax.tree.transpose(
-      jax.tree.structure(updates), jax.tree.structure((0, 0, 0, 0)), outs
+    out, mu, nu, skipped = _routing.per_leaf(
+      leaf, 4, updates, params, state.mu, state.nu, state.skipped
     )
     return out, ScalarMomentState(count, mu, nu, skipped)
 
@@ -336,7 +317,7 @@ def _relative_step(frames: FramesLike) -> optax.GradientTransformation:
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None):
-    _require_params("hyperball_adam", params)
+    _routing.require_params("hyperball_adam", params, updates)
 
     def leaf(path, u, w):
       spec = resolve_frames(frames, path, w)
@@ -352,28 +333,17 @@ def _relative_step(frames: FramesLike) -> optax.GradientTransformation:
 
 
 def _sphere_cap(max_norm, frames: FramesLike) -> optax.GradientTransformation:
-  """``eta -> eta min(1, tau sqrt(r) / ||eta||)`` per frame (wide frames allowed)."""
+  """``eta -> eta min(1, tau sqrt(r) / ||eta||)`` per frame: the step cap of
+  :func:`stiefax.step_norm_cap` on sphere frames (wide ones, vectors and scalars too)."""
 
-  def init_fn(params):
-    del params
-    return optax.EmptyState()
+  def sphere_frames(path, u):
+    spec = resolve_frames(frames, path, u)
+    axes = frame_axes(spec, u.shape)
+    eta = u.astype(_cd(u))
+    restore = lambda x: x.astype(u.dtype)
+    return eta, frame_inner(eta, eta, axes), frame_columns(spec, u.shape), restore
 
-  def update_fn(updates, state, params=None):
-    del params
-    ok = _routing.hyperparams_ok(max_norm=max_norm)  # a traced tau out of range: a NaN step
-
-    def leaf(path, u):
-      spec = resolve_frames(frames, path, u)
-      axes = frame_axes(spec, u.shape)
-      cd = _cd(u)
-      eta = u.astype(cd)
-      norm = jnp.sqrt(frame_inner(eta, eta, axes))
-      limit = jnp.asarray(max_norm, cd) * math.sqrt(frame_columns(spec, u.shape))
-      return (eta * _routing.nan_unless(ok, cap_factor(norm, limit))).astype(u.dtype)
-
-    return jax.tree_util.tree_map_with_path(leaf, updates), state
-
-  return optax.GradientTransformation(init_fn, update_fn)
+  return norm_cap(max_norm, sphere_frames)
 
 
 def hyperball_adam(

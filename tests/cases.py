@@ -247,11 +247,6 @@ def frame_leaf(tree):
   return tree[FRAME[0]][FRAME[1]]
 
 
-def max_diff(a, b) -> float:
-  pairs = zip(jax.tree.leaves(a), jax.tree.leaves(b))
-  return max((float(jnp.max(jnp.abs(x - y))) for x, y in pairs), default=0.0)
-
-
 def apply_step(case: Case, params, updates):
   """The next params: updates applied by an optimizer, kept fixed for a transform."""
   return optax.apply_updates(params, updates) if case.manifold is not None else params
@@ -337,16 +332,8 @@ def accumulated(name: str):
   return params, g1, g2, u1, u2, state
 
 
-def signature(tree):
-  return jax.tree.structure(tree), [(x.shape, x.dtype) for x in jax.tree.leaves(tree)]
-
-
 def is_zero(tree) -> bool:
   return all(bool(jnp.all(x == 0)) for x in jax.tree.leaves(tree))
-
-
-def finite(tree) -> bool:
-  return all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(tree))
 
 
 def tree_mean(a, b):
