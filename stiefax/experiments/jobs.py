@@ -7,6 +7,7 @@ the result JSON, its lock (``<run>.lock``) and its checkpoint (``<run>.ckpt``);
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import pathlib
 import sys
@@ -23,7 +24,7 @@ def checkpoint_interval(every: int, eval_every: int) -> int:
 
 
 @dataclasses.dataclass
-class Job:
+class Job(abc.ABC):
   """One run of a command (an arm and a seed) and where its files live.
 
   A command's job defines :meth:`same`: whether a run read back from ``path`` is this
@@ -45,9 +46,10 @@ class Job:
   def ckpt_path(self) -> pathlib.Path:
     return self.path.with_suffix(".ckpt")
 
+  @abc.abstractmethod
   def same(self, record: dict) -> bool:
-    """Whether ``record`` (a run read back from ``path``) is this job's run."""
-    raise NotImplementedError
+    """Whether ``record`` (a run read back from ``path``) is this job's run (each
+    command defines it from its run identity)."""
 
   def finished(self, repair: bool = False) -> Optional[dict]:
     """The run written at ``path`` if it is this job's run, else None.
