@@ -424,3 +424,47 @@ def test_optimizer_family_arms_are_paired_with_b2(tmp_path):
   muon = next(line for line in text.splitlines() if line.startswith("Muon, free frames"))
   assert "-2.00" in muon and "0/2" in muon  # paired on the two seeds both arms have
   assert not any(line.startswith("manifold Muon") for line in text.splitlines())
+
+
+def _probed(arm, seed, acc, logits, entropies):
+  r = _fake(arm, seed, acc)
+  r["history"].update(max_logit=list(logits), attn_entropy=list(entropies))
+  r["metrics"].update(max_logit=logits[-1], max_logit_max=max(logits), attn_entropy=entropies[-1])
+  return r
+
+
+def test_attention_probe_table_and_figure_take_a_later_copy_for_runs_without_it(tmp_path):
+  # A2 was trained before the probe existed; its rerun recorded it. The accuracy tables
+  # use the first copy, the attention table and figure the rerun's probe.
+  first = [_fake("A2", s, 0.36 + 0.01 * s) for s in range(2)]
+  again = [_probed("A2", s, 0.37, (20.0, 30.0 + s), (1.5, 1.0)) for s in range(2)]
+  qk = [_probed("A2-qknorm", s, 0.37 + 0.01 * s, (5.0, 10.0 + 2 * s), (2.0, 1.2)) for s in range(2)]
+  text = patches.report(first + qk, tmp_path / "alone")
+  rows = {ln.split()[2]: ln.split() for ln in text.splitlines() if ln.startswith("1      0.01")}
+  assert set(rows) == {"A2-qknorm"} and rows["A2-qknorm"][4:7] == ["11.0", "12.0", "1.200"]
+  text = patches.report(first + qk, tmp_path, again=again)
+  rows = {ln.split()[2]: ln.split() for ln in text.splitlines() if ln.startswith("1      0.01")}
+  assert rows["A2"][3:5] == ["2", "(2"] and rows["A2"][6:9] == ["30.5", "31.0", "1.000"]
+  a2 = next(ln for ln in text.splitlines() if ln.startswith("A2 "))
+  assert "36.50" in a2  # the accuracy table kept the first copies (0.36, 0.37)
+  assert (tmp_path / "patches_attention_n10000_e40_depth1_lr0.01.png").is_file()
+
+
+def test_report_reads_several_directories_first_copy_first(tmp_path, capsys):
+  main, rerun = tmp_path / "main", tmp_path / "rerun"
+  main.mkdir(), rerun.mkdir()
+  for s in range(2):
+    (main / f"a2-{s}.json").write_text(json.dumps(_fake("A2", s, 0.36)))
+    (rerun / f"a2-{s}.json").write_text(
+      json.dumps(_probed("A2", s, 0.38, (20.0, 25.0), (1.4, 1.1)))
+    )
+  assert cli.main(["report", str(main), str(rerun)]) == 0
+  out = capsys.readouterr().out
+  a2 = next(ln for ln in out.splitlines() if ln.startswith("A2 "))
+  assert "36.00" in a2  # the copies of the first DIR are the ones reported
+  assert "reruns: runs found twice" in out and out.count("+2") >= 2
+  assert "2 (2 rerun)" in out  # the probe comes from the second DIR's copies
+  assert (main / "patches_attention_n10000_e40_depth1_lr0.01.png").is_file()
+  assert cli.main(["report", str(rerun), str(main)]) == 0
+  out = capsys.readouterr().out
+  assert "38.00" in next(ln for ln in out.splitlines() if ln.startswith("A2 "))

@@ -1,25 +1,30 @@
-"""Tables and plots from a results directory: ``stiefax report DIR``.
+"""Tables and plots from results directories: ``stiefax report DIR [DIR ...]``.
 
-Reads every ``*.json`` run under DIR (recursively), groups the runs by their
-``"experiment"`` field and hands each group to
+Reads every ``*.json`` run under each DIR (recursively, in the order given), groups the
+runs by their ``"experiment"`` field and hands each group to
 ``stiefax.experiments.<experiment>.report(runs, out_dir) -> str``, which returns the
-table text (printed here) and writes PNG plots into ``--plots`` (default: DIR).
+table text (printed here) and writes PNG plots into ``--plots`` (default: the first DIR).
 JSON files without an ``"experiment"`` field are not runs and are skipped (one whose
 ``"experiment"`` is not a string, with a warning). A run file
 that cannot be read, or lacks a field its report needs, is skipped with a one-line
 warning that names it; two files holding the same run (same configuration and seed)
-count once, with a warning. An experiment module may define ``check_run(run) -> str |
-None`` (what is missing) and ``run_key(run)`` (what makes two files the same run).
+count once: the first one found is reported, and the reruns table at the end says how
+far apart the copies ended (a report that takes ``again=`` also receives the second
+copies, e.g. for what only the later copy recorded). An experiment module may define
+``check_run(run) -> str | None`` (what is missing) and ``run_key(run)`` (what makes two
+files the same run).
 
 Examples:
   stiefax report runs/grok
   stiefax report runs --plots figures
+  stiefax report results/patches results/checks/patches-rerun
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import math
 import pathlib
 import sys
@@ -66,8 +71,16 @@ __all__ = [
 def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.description = __doc__
   parser.formatter_class = argparse.RawDescriptionHelpFormatter
-  parser.add_argument("dir", help="directory of JSON runs (searched recursively)")
-  parser.add_argument("--plots", default=None, help="directory for the PNG plots (default: DIR)")
+  parser.add_argument(
+    "dir",
+    nargs="+",
+    metavar="DIR",
+    help="directories of JSON runs (searched recursively; where a run is found twice,"
+    " the copy in the earlier DIR is the one reported)",
+  )
+  parser.add_argument(
+    "--plots", default=None, help="directory for the PNG plots (default: the first DIR)"
+  )
 
 
 _RUN_FIELDS = {"arm": str, "seed": int, "config": dict, "metrics": dict}
@@ -96,8 +109,11 @@ def run_key(run: dict, module=None):
   return (run["arm"], store.digest(run["config"]), run["seed"])
 
 
-def load_runs(directory: pathlib.Path, reruns: Optional[list] = None) -> tuple[dict, list[str]]:
-  """``({experiment: [run, ...]}, [warning, ...])`` for the JSON runs under ``directory``.
+def load_runs(
+  directory: pathlib.Path | Sequence[pathlib.Path], reruns: Optional[list] = None
+) -> tuple[dict, list[str]]:
+  """``({experiment: [run, ...]}, [warning, ...])`` for the JSON runs under ``directory``
+  (one directory, or several searched in order).
 
   Runs that cannot be reported are left out with a warning. A second copy of a run (the
   same configuration and seed, e.g. trained again on a later commit) is left out too:
@@ -107,7 +123,9 @@ def load_runs(directory: pathlib.Path, reruns: Optional[list] = None) -> tuple[d
   groups: dict = {}
   seen: dict = {}
   warnings = []
-  for path in sorted(directory.rglob("*.json")):
+  dirs = [directory] if isinstance(directory, (str, pathlib.Path)) else list(directory)
+  paths = [path for d in dirs for path in sorted(pathlib.Path(d).rglob("*.json"))]
+  for path in paths:
     run, problem = store.read_json(path)
     if problem is not None:
       warnings.append(f"skipped {path}: not readable JSON ({problem})")
@@ -173,22 +191,38 @@ def _reporter(experiment: str):
   return fn if callable(fn) else None
 
 
+def _directories(given: Sequence[str]) -> list[pathlib.Path]:
+  dirs = []
+  for d in given:
+    if not str(d).strip():
+      raise CommandError("DIR is empty; give a directory of JSON runs.")
+    directory = pathlib.Path(d)
+    if directory.exists() and not directory.is_dir():
+      raise CommandError(f"{d}: is a file, not a directory; give the directory of JSON runs.")
+    if not directory.is_dir():
+      raise CommandError(f"{d}: no such directory; give a directory of JSON runs.")
+    dirs.append(directory)
+  return dirs
+
+
+def _takes_again(fn: Any) -> bool:
+  try:
+    return "again" in inspect.signature(fn).parameters
+  except (TypeError, ValueError):
+    return False
+
+
 def run(args: argparse.Namespace) -> int:
-  if not str(args.dir).strip():
-    raise CommandError("DIR is empty; give a directory of JSON runs.")
-  directory = pathlib.Path(args.dir)
-  if directory.exists() and not directory.is_dir():
-    raise CommandError(f"{args.dir}: is a file, not a directory; give the directory of JSON runs.")
-  if not directory.is_dir():
-    raise CommandError(f"{args.dir}: no such directory; give a directory of JSON runs.")
-  out_dir = pathlib.Path(args.plots) if args.plots is not None else directory
+  given = [args.dir] if isinstance(args.dir, str) else list(args.dir)
+  dirs = _directories(given)
+  out_dir = pathlib.Path(args.plots) if args.plots is not None else dirs[0]
   reruns: list = []
-  groups, warnings = load_runs(directory, reruns)
+  groups, warnings = load_runs(dirs, reruns)
   for w in warnings:
     print(f"stiefax report: warning: {w}", file=sys.stderr)
   if not groups:
     raise CommandError(
-      f"{args.dir}: no runs found (no *.json file with a string \"experiment\" field)."
+      f"{', '.join(given)}: no runs found (no *.json file with a string \"experiment\" field)."
     )
   writable_dir(out_dir, "plots:")
   sections = []
@@ -198,7 +232,11 @@ def run(args: argparse.Namespace) -> int:
     if fn is None:
       sections.append(f"{experiment}: {len(runs)} run(s); no report for this experiment.")
       continue
-    sections.append(fn(runs, out_dir))
+    if _takes_again(fn):
+      again = [copy for _, copy, _ in reruns if copy.get("experiment") == experiment]
+      sections.append(fn(runs, out_dir, again=again))
+    else:
+      sections.append(fn(runs, out_dir))
   if reruns:
     sections.append(rerun_table(reruns))
   print("\n\n".join(sections))

@@ -245,30 +245,56 @@ def _report_frozen_share(runs: Sequence[dict]) -> list[str]:
   ]
 
 
-def _report_attention(runs: Sequence[dict]) -> list[str]:
-  """Per setting and arm: the largest attention logit and the attention entropy at the
-  end of training (and the largest logit during it), for the runs that record them."""
+def _probed(runs: Sequence[dict], again: Sequence[dict] = ()) -> dict:
+  """``{setting: {arm: [run, ...]}}`` of the runs that recorded the attention probe.
+
+  A run is taken once per (setting, arm, seed): the reported copy if it has the probe,
+  else a second copy of it (``again``: the same run trained on a later commit, which
+  recorded the probe where the first did not).
+  """
   groups: dict = {}
-  for r in runs:
-    if r["metrics"].get("max_logit") is not None:
-      groups.setdefault(_group_key(r["config"]), {}).setdefault(r["arm"], []).append(r)
-  rows = []
+  seen = set()
+  for r in (*runs, *again):
+    if r["metrics"].get("max_logit") is None or not r.get("history", {}).get("max_logit"):
+      continue
+    key = _group_key(r["config"])
+    if (key, r["arm"], r["seed"]) in seen:
+      continue
+    seen.add((key, r["arm"], r["seed"]))
+    groups.setdefault(key, {}).setdefault(r["arm"], []).append(r)
+  return groups
+
+
+def _report_attention(
+  runs: Sequence[dict], out_dir: pathlib.Path, again: Sequence[dict] = ()
+) -> list[str]:
+  """Per setting and arm: the largest attention logit and the attention entropy at the
+  end of training (and the largest logit during it), for the runs that record them, with
+  a figure of both against training steps per setting."""
+  groups = _probed(runs, again)
+  rows, plots = [], []
   for _key, by_arm in sorted(groups.items()):
     for arm in _arm_order(by_arm):
       rs = by_arm[arm]
       c = rs[0]["config"]
       m = [r["metrics"] for r in rs]
+      copies = sum(not any(r is x for x in runs) for r in rs)
       rows.append(
         [
           str(c["depth"]),
           f"{c['adamw_lr']:g}",
           arm,
-          str(len(rs)),
+          str(len(rs)) + (f" ({copies} rerun)" if copies else ""),
           f"{np.mean([x['max_logit'] for x in m]):.1f}",
           f"{np.max([x['max_logit_max'] for x in m]):.1f}",
           f"{np.mean([x['attn_entropy'] for x in m]):.3f}",
         ]
       )
+    c = next(iter(by_arm.values()))[0]["config"]
+    name = f"patches_attention_n{c['n_train']}_e{c['epochs']}_depth{c['depth']}_lr{c['adamw_lr']:g}"
+    png = _plot_attention(by_arm, out_dir, name + ".png", _title(c))
+    if png:
+      plots.append(f"  plot: {png}")
   if not rows:
     return []
   return [
@@ -277,9 +303,40 @@ def _report_attention(runs: Sequence[dict]) -> list[str]:
       ["depth", "adamw_lr", "arm", "seeds", "max logit", "max during", "entropy (nats)"], rows
     ),
     "  max logit = max |q·k|/sqrt(r) over layers, images, heads and pairs (mean over seeds);"
-    " max during: over every epoch and seed; entropy: mean over queries.",
+    " max during: over every epoch and seed; entropy: mean over queries; (k rerun): k seeds"
+    " from a second copy of the run, the first having no probe.",
+    *plots,
     "",
   ]
+
+
+def _plot_attention(by_arm: dict, out_dir: pathlib.Path, name: str, title: str) -> Optional[str]:
+  """Largest attention logit and attention entropy against training steps, per arm (mean
+  over seeds, the band spanning the seeds)."""
+  plt = report_lib.pyplot()
+  if plt is None:
+    return None
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+  for i, arm in enumerate(_arm_order(by_arm)):
+    rs = by_arm[arm]
+    c = rs[0]["config"]
+    n = min(len(r["history"]["max_logit"]) for r in rs)
+    per_epoch = c["total_steps"] / c["epochs"] if c.get("total_steps") else 1.0
+    steps = per_epoch * np.arange(1, n + 1)
+    for ax, field in ((ax1, "max_logit"), (ax2, "attn_entropy")):
+      y = np.asarray([r["history"][field][:n] for r in rs], dtype=float)
+      ax.plot(steps, y.mean(0), color=f"C{i}", label=f"{arm} ({len(rs)})")
+      if len(rs) > 1:
+        ax.fill_between(steps, y.min(0), y.max(0), color=f"C{i}", alpha=0.2, lw=0)
+  ax1.set_yscale("log")
+  ax1.set_ylabel("max |q·k| / sqrt(r)")
+  ax2.set_ylabel("attention entropy (nats)")
+  for ax in (ax1, ax2):
+    ax.set_xlabel("training step")
+  ax1.legend(fontsize=8)
+  fig.suptitle(title, fontsize=9)
+  fig.tight_layout()
+  return report_lib.save_figure(fig, plt, out_dir, name)
 
 
 def _eps_references(sweep: Sequence[dict], runs: Sequence[dict]) -> list[dict]:
@@ -459,7 +516,7 @@ def _plot_xy(
   return report_lib.save_figure(fig, plt, out_dir, name)
 
 
-def report(runs: list[dict], out_dir: pathlib.Path) -> str:
+def report(runs: list[dict], out_dir: pathlib.Path, *, again: Sequence[dict] = ()) -> str:
   """Paper-style tables of ``patches`` runs (and PNG plots written to ``out_dir``).
 
   ``run`` protocol: per arm, test accuracy mean ± std (ddof=1), the paired difference
@@ -471,6 +528,8 @@ def report(runs: list[dict], out_dir: pathlib.Path) -> str:
   Args:
     runs: result dicts (the JSON files); runs of other experiments are ignored.
     out_dir: where plots go.
+    again: second copies of runs in ``runs`` (trained again on a later commit); only the
+      attention probe reads them, for runs whose first copy predates it.
 
   Returns:
     The report text.
@@ -488,7 +547,8 @@ def report(runs: list[dict], out_dir: pathlib.Path) -> str:
   if "run" in by_protocol:
     lines += _report_main(by_protocol["run"], out_dir, "run")
     lines += _report_frozen_share(by_protocol["run"])
-    lines += _report_attention(by_protocol["run"])
+    again_run = [r for r in again if r["config"].get("protocol", "run") == "run"]
+    lines += _report_attention(by_protocol["run"], out_dir, again_run)
   if "sweep-n" in by_protocol:
     lines += _report_sweep_n(by_protocol["sweep-n"], out_dir)
   if "sweep-eps" in by_protocol:
