@@ -327,8 +327,9 @@ def test_report_paired_differences_with_two_seeds(tiny_runs, tmp_path, capsys):
   text = capsys.readouterr().out
   row = next(ln for ln in text.splitlines() if ln.startswith("B2 ") and "/2" in ln and "[" in ln)
   parts = row.split()
-  assert parts[1] == "2" and float(parts[2]) == pytest.approx(0.125)  # mean of .1, .15
+  assert parts[1] == "2" and float(parts[2]) == pytest.approx(12.5)  # mean of 10, 15 pp
   assert parts[5] == "2/2"  # wins
+  assert "[" in parts[6] and row.endswith("not settled")  # t interval; 2 seeds settle nothing
 
 
 def test_report_skips_damaged_runs_and_counts_duplicates_once(tiny_runs, tmp_path, capsys):
@@ -814,3 +815,21 @@ def test_acceptance_plain_grok_shows_grokking_and_the_isometry_contrast(tmp_path
   assert a2["metrics"]["final_isometry"] > 1e-2
   assert "A2 seed 0: memorized (train accuracy >= 0.99) at epoch" in text
   assert "grokked (held-out accuracy >= 0.95) at epoch" in text
+
+
+def test_report_counts_collapses_and_runs_ending_in_one(tiny_runs, tmp_path, capsys):
+  d = tmp_path / "runs"
+  d.mkdir()
+  for arm, pattern in (("A2", [0.0, 1.0, 0.3, 1.0, 0.5]), ("B2", [0.0, 0.5, 1.0, 1.0, 1.0])):
+    r = _load(tiny_runs, arm)
+    h = r["history"]
+    n = len(h["epoch"])
+    h["train_acc"] = (pattern + [pattern[-1]] * n)[:n]
+    (d / f"{arm}.json").write_text(json.dumps(r))
+  assert cli.main(["report", str(d)]) == 0
+  rows: dict = {}
+  for ln in capsys.readouterr().out.splitlines():
+    if ln.split():
+      rows.setdefault(ln.split()[0], ln)  # the first table's rows
+  assert "2 (1/1 end in one)" in rows["A2"]  # 0.3 recovered, 0.5 to the end
+  assert "0 (0/1 end in one)" in rows["B2"]  # below 0.99 only before memorizing

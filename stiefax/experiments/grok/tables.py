@@ -1,9 +1,11 @@
 """The report of grokking runs (printed by ``stiefax report``): tables and plots.
 
 Per setting: per arm, how many runs memorized, grokked and sustained it (k/n), the
-median epochs, the end and tail held-out accuracy (mean ± sample std) and the final
-isometry error; the paired difference of the tail mean against A2; PNG plots of the
-accuracy, isometry and effective-learning-rate histories.
+median epochs, the end and tail held-out accuracy (mean ± sample std), the training
+collapses (:mod:`stiefax.experiments.grok.collapses`) and the final isometry error; the
+paired difference of the tail mean against A2 with its t and bootstrap intervals and
+the statistical standard's verdict; PNG plots of the accuracy, isometry and
+effective-learning-rate histories.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 from stiefax.experiments import report as report_lib
 from stiefax.experiments import stats
 from stiefax.experiments import store
+from stiefax.experiments.grok.collapses import find_collapses
 from stiefax.experiments.grok.config import ARMS
 from stiefax.experiments.grok.runs import record_identity
 
@@ -86,12 +89,7 @@ def _table(runs: Sequence[dict]) -> str:
   by_arm: dict = {}
   for r in runs:
     by_arm.setdefault(r["arm"], []).append(r)
-  head = (
-    f"{'arm':<8} {'n':>3} {'mem k/n':>7} {'grok k/n':>8} {'sust k/n':>8}"
-    f" {'med grok epoch':>14} {'med sust epoch':>14} {'end held-out':>13}"
-    f" {'tail held-out':>13} {'final iso':>9}"
-  )
-  lines = [head, "-" * len(head)]
+  rows = []
   for arm in _arm_order(by_arm):
     rs = sorted(by_arm[arm], key=lambda r: r["seed"])
     ms = [r["metrics"] for r in rs]
@@ -100,41 +98,69 @@ def _table(runs: Sequence[dict]) -> str:
     end_m, end_s = stats.summarize([m["end_test_acc"] for m in ms])
     tail_m, tail_s = stats.summarize([m["tail_test_acc"] for m in ms])
     iso = max(m["final_isometry"] for m in ms)
-    lines.append(
-      f"{arm:<8} {n:>3} {count('memorized_epoch'):>7} {count('grokked_epoch'):>8}"
-      f" {count('sustained_epoch'):>8} {_median(m['grokked_epoch'] for m in ms):>14}"
-      f" {_median(m['sustained_epoch'] for m in ms):>14}"
-      f" {end_m:>6.3f}±{end_s:<6.3f} {tail_m:>6.3f}±{tail_s:<6.3f} {iso:>9.2e}"
+    found = [find_collapses(r["history"]) for r in rs]
+    inside = sum(bool(f) and f[-1]["end"] is None for f in found)
+    rows.append(
+      [
+        arm,
+        str(n),
+        count("memorized_epoch"),
+        count("grokked_epoch"),
+        count("sustained_epoch"),
+        _median(m["grokked_epoch"] for m in ms),
+        _median(m["sustained_epoch"] for m in ms),
+        f"{end_m:.3f}±{end_s:.3f}",
+        f"{tail_m:.3f}±{tail_s:.3f}",
+        f"{sum(map(len, found))} ({inside}/{n} end in one)",
+        f"{iso:.2e}",
+      ]
     )
-  lines.append(
-    "(k/n: runs that reached the threshold; ± is the sample std across seeds;"
-    " final iso: max over runs of max|W_Q^T W_Q - I| at the last evaluation)"
-  )
+  header = [
+    "arm",
+    "n",
+    "mem k/n",
+    "grok k/n",
+    "sust k/n",
+    "med grok epoch",
+    "med sust epoch",
+    "end held-out",
+    "tail held-out",
+    "collapses",
+    "final iso",
+  ]
+  lines = [
+    report_lib.table(header, rows),
+    "(k/n: runs that reached the threshold; ± is the sample std across seeds (0 for one);"
+    " collapses: stretches of evaluations with train accuracy < 0.99 after memorizing,"
+    " summed over runs, and the runs that end inside one; final iso: max over runs of"
+    " max|W_Q^T W_Q - I| at the last evaluation)",
+  ]
 
   if "A2" in by_arm:
-    base = {r["seed"]: r["metrics"]["tail_test_acc"] for r in by_arm["A2"]}
-    rows = []
+    base = report_lib.by_seed(by_arm["A2"], "tail_test_acc")
+    paired = []
     for arm in _arm_order(by_arm):
       if arm == "A2":
         continue
-      other = {r["seed"]: r["metrics"]["tail_test_acc"] for r in by_arm[arm]}
-      pr = report_lib.paired_by_seed(base, other, min_seeds=2)
+      other = report_lib.by_seed(by_arm[arm], "tail_test_acc")
+      pr = report_lib.paired_by_seed(base, other, scale=100.0, min_seeds=2)
       if pr is None:
         shared = len(set(base) & set(other))
-        rows.append(f"{arm:<8} {shared:>3}  (needs >= 2 seeds shared with A2)")
+        paired.append([arm, str(shared), "(needs >= 2 seeds shared with A2)"])
         continue
-      rows.append(
-        f"{arm:<8} {pr.n:>3} {pr.mean:>+9.4f} {pr.t:>7.2f} {pr.p:>7.3f}"
-        f" {pr.wins:>3}/{pr.n:<3} [{pr.ci_low:+.4f}, {pr.ci_high:+.4f}]"
-      )
-    if rows:
-      head2 = f"{'arm':<8} {'n':>3} {'diff':>9} {'t':>7} {'p':>7} {'wins':>7}  95% bootstrap CI"
+      paired.append([arm, str(pr.n), *report_lib.paired_cells(pr)])
+    if paired:
+      width = 2 + 1 + len(report_lib.PAIRED_HEADER)
       lines += [
         "",
-        "Paired difference of the tail mean vs A2 (arm - A2, per seed):",
-        head2,
-        "-" * len(head2),
-      ] + rows
+        "Paired difference of the tail held-out mean vs A2 (arm - A2, per seed, pp):",
+        report_lib.table(
+          ["arm", "n", "Δ pp", *report_lib.PAIRED_HEADER],
+          [row + [""] * (width - len(row)) for row in paired],
+        ),
+        "  paired-t and 20 000-resample bootstrap 95% CIs; verdict: both CIs agree on >= 6"
+        " seeds, else not settled.",
+      ]
   return "\n".join(lines)
 
 
