@@ -256,3 +256,39 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_run_trains(tmp_path, capsys):
   assert len(list(out.glob("*.ckpt.damaged-*"))) == 1 and not ckpt.exists()
   again = json.loads(result.read_text())
   assert again["metrics"]["test_bpb"] == first["metrics"]["test_bpb"]
+
+
+def test_report_gives_no_sensitivity_or_best_rate_to_an_unfinished_sweep(tmp_path):
+  from stiefax.experiments.lm import runs as lm_runs
+  from stiefax.experiments.lm import tables
+
+  config = lm_config.PRESETS["sweep"]
+  facts = data.load().facts
+  losses = dict(zip(lm_config.SWEEP_RATES, (3.0, 2.6, 2.4, 2.45, 2.7, 3.5, 4.0)))
+
+  def record(arm, lr, seed, val):
+    cfg = lm_runs.run_config(
+      arms.ARMS[arm], dataclasses.replace(config, adamw_lr=lr), facts, "sweep"
+    )
+    metrics = {"val_bpb": val, "test_bpb": val, "init_val_bpb": 8.0, "diverged": False}
+    metrics.update(max_logit_max=10.0, entropy=1.0, isometry=0.5, tokens_per_second=1e4)
+    history = {"step": [0, 1000], "val_bpb": [8.0, val], "max_logit": [1.0, 10.0]}
+    return {
+      "experiment": "lm",
+      "arm": arm,
+      "seed": seed,
+      "config": cfg,
+      "metrics": metrics,
+      "history": history,
+    }
+
+  runs = [record("A2", lr, s, v + 0.01 * s) for lr, v in losses.items() for s in (0, 1)]
+  runs += [record("B2", lr, 0, v) for lr, v in list(losses.items())[:2]]
+  text = tables.report(runs, tmp_path)
+  a2 = next(ln for ln in text.splitlines() if ln.startswith("A2 "))  # the sweep's row
+  sens = np.mean(list(losses.values())) - 2.4  # the seed offsets cancel
+  assert a2.split()[-2:] == [f"{sens:.3f}", "0.003"]
+  b2 = next(ln for ln in text.splitlines() if ln.startswith("B2 ") and "rates" in ln)
+  assert "- (2/7 rates)" in b2 and b2.split()[-1] == "-"
+  best = text.split("each arm at its best rate")[1]
+  assert "\nA2 " in best and "\nB2 " not in best  # no best rate for the unfinished sweep

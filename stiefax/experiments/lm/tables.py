@@ -11,7 +11,8 @@ steps at the two highest rates, and validation loss curves at the best rates.
 
 An arm's best rate is the one with the lowest mean validation loss over the seeds that
 every rate of the arm has (the sweep's seeds), so adding seeds at the best rate never
-moves it. A diverged run counts as its loss at init; so does a loss above it
+moves it. An arm that lacks some of the setting's rates (a sweep still running) gets
+no sensitivity and no best rate, and is left out of the best-rate comparison. A diverged run counts as its loss at init; so does a loss above it
 (``min(loss, loss at init)``, as Wortsman et al.).
 """
 
@@ -115,9 +116,13 @@ def _sweep_tables(by_arm: dict) -> list[str]:
       logit_cells.append(
         num(float(np.nanmax(logits)) if np.isfinite(logits).any() else None, ".1f")
       )
-    best = select_rate(rs)
     n = min(len(s) for s in by_rate.values())
-    loss_rows.append([arm, str(n), *cells, num(sensitivity(rs), ".3f"), num(best, "g")])
+    if set(by_rate) == set(rates):
+      loss_rows.append(
+        [arm, str(n), *cells, num(sensitivity(rs), ".3f"), num(select_rate(rs), "g")]
+      )
+    else:  # a partial sweep has no sensitivity and no best rate yet
+      loss_rows.append([arm, str(n), *cells, f"- ({len(by_rate)}/{len(rates)} rates)", "-"])
     logit_rows.append([arm, *logit_cells])
   head = [f"{lr:g}" for lr in rates]
   return [
@@ -133,7 +138,10 @@ def _sweep_tables(by_arm: dict) -> list[str]:
 
 def _best_table(by_arm: dict) -> tuple[list[str], dict]:
   chosen: dict = {}
+  rates = {r["config"]["adamw_lr"] for rs in by_arm.values() for r in rs}
   for arm, rs in by_arm.items():
+    if len(rates) > 1 and set(_by_rate(rs)) != rates:
+      continue  # the sweep of this arm is not finished: no best rate yet
     lr = select_rate(rs)
     if lr is not None:
       chosen[arm] = {r["seed"]: r for r in rs if r["config"]["adamw_lr"] == lr}
