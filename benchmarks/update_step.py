@@ -62,7 +62,7 @@ def bench_shape(shape, frames, methods, reps, with_family=False):
   for method in methods:
     with warnings.catch_warnings():
       warnings.simplefilter("ignore", RuntimeWarning)
-      txs[f"B2 polar={method}"] = stiefax.riemannian_adam(1.0, method=method, frames=frames)
+      txs[f"B2 method={method}"] = stiefax.riemannian_adam(1.0, method=method, frames=frames)
     if method == "auto":
       txs["B2 chain"] = stiefax.riemannian_adam(1.0, frames=frames, fused=False)
   if with_family:
@@ -80,7 +80,9 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--reps", type=int, default=20)
   parser.add_argument(
-    "--methods", default=None, help=f"comma-separated polar methods (default: {','.join(METHODS)})"
+    "--methods",
+    default=None,
+    help=f"comma-separated polar-factor methods (method=) (default: {','.join(METHODS)})",
   )
   parser.add_argument(
     "--shapes",
@@ -108,13 +110,13 @@ def main():
     these = methods
     if on_cpu and args.methods is None and name in CPU_EIGH_HANGS:
       these = [m for m in methods if m != "eigh"]
-      print(f"{name:<16} (polar=eigh left out: it deadlocks in a jitted update on CPU)")
+      print(f"{name:<16} (method=eigh left out: it deadlocks in a jitted update on CPU)")
     for label, ms, ratio, per_frame in bench_shape(shape, frames, these, args.reps, args.family):
       print(f"{name:<16} {label:<22} {ms:>9.3f} {ratio:>8.2f} {per_frame:>14.0f}", flush=True)
-      if label == "B2 polar=auto":
+      if label == "B2 method=auto":
         auto_ratios[name] = ratio
   summary = ", ".join(f"{k} {v:.2f}x" for k, v in auto_ratios.items())
-  print(f"summary: riemannian_adam (polar=auto) update vs optax.adamw: {summary}")
+  print(f"summary: riemannian_adam (method=auto) update vs optax.adamw: {summary}")
 
 
 if __name__ == "__main__":
