@@ -354,9 +354,19 @@ def test_report_separates_settings_and_knobs_and_pairs_the_contrasts(tmp_path):
   # Table 7's contrasts, paired within seed: the step rule is grassmann - B2-SGD.
   step = next(line for line in text.splitlines() if line.startswith("step rule"))
   assert "+3.33" in step and "3/3" in step
-  train = [line for line in text.splitlines() if line.startswith("training the frames")]
+  train = [
+    line
+    for line in text.splitlines()
+    if line.startswith("training the frames") and line.endswith("vs frozen frames")
+  ]
   assert len(train) == 2 and "+1.10" in train[0] + train[1] and "+4.10" in train[0] + train[1]
   assert len(list(tmp_path.glob("patches_run_n10000_e40_depth*.png"))) == 2
+  # Contrasts found in both settings, side by side (the main cell first).
+  across = text.split("patches (contrasts across settings)")[1].split("\n\n")[0].splitlines()
+  assert "depth 1, lr 0.01" in across[1] and across[1].index("depth 1") < across[1].index("depth 2")
+  alone = next(ln for ln in across if ln.startswith("constraint alone"))
+  assert "+6.10 (3/3, not settled)" in alone and "+1.10 (3/3, not settled)" in alone
+  assert not any(ln.startswith("step rule") for ln in across)  # in one setting only
 
 
 def test_eps_probe_uses_the_main_study_as_its_reference(tmp_path):

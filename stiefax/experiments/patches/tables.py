@@ -115,6 +115,8 @@ def _report_main(runs: Sequence[dict], out_dir: pathlib.Path, tag: str) -> list[
   for r in runs:
     groups.setdefault(_group_key(r["config"]), []).append(r)
   lines, used = [], set()
+  across: dict = {}  # contrast name -> {setting label: Paired}
+  settings: list[str] = []
   for gi, (_, group) in enumerate(sorted(groups.items(), key=lambda kv: str(kv[0]))):
     knobs: dict = {}
     for r in group:
@@ -161,10 +163,18 @@ def _report_main(runs: Sequence[dict], out_dir: pathlib.Path, tag: str) -> list[
       " 20 000-resample bootstrap 95% CIs; verdict: both CIs agree on >= 6 seeds."
     )
     rows = []
+    c = group[0]["config"]
+    sizes = {(g[0]["config"].get("n_train"), g[0]["config"].get("epochs")) for g in groups.values()}
+    setting = f"depth {c['depth']}, lr {c['adamw_lr']:g}"
+    if len(sizes) > 1:
+      setting += f", n {c['n_train']}, {c['epochs']} epochs"
+    settings.append((c["depth"], -c["adamw_lr"], c.get("n_train"), setting))
     for name, b, a, what in CONTRASTS:
       if b in by_arm and a in by_arm:
         p = _paired_row(_by_seed(by_arm[a], "test_acc"), _by_seed(by_arm[b], "test_acc"))
         rows.append([name, f"{b} - {a}", *_paired_cells(p), what])
+        if p is not None:
+          across.setdefault((name, f"{b} - {a}"), {})[setting] = p
     if rows:
       lines.append("")
       lines.append(_table(["contrast", "arms", "Δ pp", *PAIRED_HEADER, "isolates"], rows))
@@ -177,7 +187,32 @@ def _report_main(runs: Sequence[dict], out_dir: pathlib.Path, tag: str) -> list[
     if png:
       lines.append(f"  plot: {png}")
     lines.append("")
-  return lines
+  return lines + _across_settings(across, [label for *_, label in sorted(settings)])
+
+
+def _across_settings(across: dict, settings: Sequence[str]) -> list[str]:
+  """Each contrast found in more than one setting: its difference and verdict per setting."""
+  shown = [key for key, cells in across.items() if len(cells) > 1]
+  if not shown:
+    return []
+  cols = [s for s in settings if any(s in across[k] for k in shown)]
+  rows = []
+  for name, arms in shown:
+    cells = []
+    for col in cols:
+      p = across[(name, arms)].get(col)
+      if p is None:
+        cells.append("-")
+      else:
+        delta, *_, verdict = _paired_cells(p)
+        cells.append(f"{delta} ({p.wins}/{p.n}, {verdict})")
+    rows.append([name, arms, *cells])
+  return [
+    "patches (contrasts across settings): Δ pp (wins/seeds, verdict) per setting",
+    _table(["contrast", "arms", *cols], rows),
+    "  the verdicts of each setting's own table: both CIs agree on >= 6 paired seeds.",
+    "",
+  ]
 
 
 def _report_frozen_share(runs: Sequence[dict]) -> list[str]:
