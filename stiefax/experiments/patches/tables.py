@@ -116,7 +116,7 @@ def _report_main(runs: Sequence[dict], out_dir: pathlib.Path, tag: str) -> list[
     groups.setdefault(_group_key(r["config"]), []).append(r)
   lines, used = [], set()
   across: dict = {}  # contrast name -> {setting label: Paired}
-  settings: list[str] = []
+  settings: list[tuple] = []  # (depth, -rate, n, label), to sort the columns
   for gi, (_, group) in enumerate(sorted(groups.items(), key=lambda kv: str(kv[0]))):
     knobs: dict = {}
     for r in group:
