@@ -64,6 +64,11 @@ def _label(r: dict, knobs: dict) -> str:
   return f"{r['arm']} lr={c['adamw_lr']:g}"
 
 
+def _setting_order(cfg: dict) -> tuple:
+  """Settings in the tables: by depth, then the larger AdamW rate first, then n."""
+  return (cfg["depth"], -cfg["adamw_lr"], cfg.get("n_train") or 0, cfg.get("epochs") or 0)
+
+
 def _arm_order(names) -> list[str]:
   return report_lib.arm_order(names, ARMS)
 
@@ -168,7 +173,7 @@ def _report_main(runs: Sequence[dict], out_dir: pathlib.Path, tag: str) -> list[
     setting = f"depth {c['depth']}, lr {c['adamw_lr']:g}"
     if len(sizes) > 1:
       setting += f", n {c['n_train']}, {c['epochs']} epochs"
-    settings.append((c["depth"], -c["adamw_lr"], c.get("n_train"), setting))
+    settings.append((*_setting_order(c), setting))
     for name, b, a, what in CONTRASTS:
       if b in by_arm and a in by_arm:
         p = _paired_row(_by_seed(by_arm[a], "test_acc"), _by_seed(by_arm[b], "test_acc"))
@@ -255,6 +260,7 @@ def _report_frozen_share(runs: Sequence[dict]) -> list[str]:
         f"[{_num(share_lo, '.2f')}, {_num(share_hi, '.2f')}]",
       ]
     )
+  rows.sort(key=lambda row: (int(row[0]), -float(row[1]), *map(int, row[2].split("/"))))
   if not rows:
     return []
   return [
@@ -308,7 +314,8 @@ def _report_attention(
   a figure of both against training steps per setting."""
   groups = _probed(runs, again)
   rows, plots = [], []
-  for _key, by_arm in sorted(groups.items()):
+  order = lambda by_arm: _setting_order(next(iter(by_arm.values()))[0]["config"])
+  for by_arm in sorted(groups.values(), key=order):
     for arm in _arm_order(by_arm):
       rs = by_arm[arm]
       c = rs[0]["config"]
