@@ -290,5 +290,8 @@ def test_report_gives_no_sensitivity_or_best_rate_to_an_unfinished_sweep(tmp_pat
   assert a2.split()[-2:] == [f"{sens:.3f}", "0.003"]
   b2 = next(ln for ln in text.splitlines() if ln.startswith("B2 ") and "rates" in ln)
   assert "- (2/7 rates)" in b2 and b2.split()[-1] == "-"
+  entropy = text.split("attention entropy at the end of training")[1].split("\n\n")[0]
+  rows = {ln.split()[0]: ln.split()[1:] for ln in entropy.splitlines()[3:]}
+  assert rows["A2"] == ["1.00"] * 7 and rows["B2"] == ["1.00"] * 2 + ["-"] * 5
   best = text.split("each arm at its best rate")[1]
   assert "\nA2 " in best and "\nB2 " not in best  # no best rate for the unfinished sweep

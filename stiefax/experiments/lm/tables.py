@@ -3,7 +3,7 @@
 Per setting (everything but the arm and the AdamW rate): the learning-rate sweep
 (final validation loss in bits per byte per arm and rate, and each arm's learning-rate
 sensitivity as Wortsman et al. 2023 define it), the largest attention logit during
-training per arm and rate, the comparison of the arms each at its own best rate
+training and the attention entropy at the end per arm and rate, the comparison of the arms each at its own best rate
 (test loss, paired differences to A2 with paired-t and bootstrap intervals and the
 verdict of the statistical standard, attention logit and entropy, isometry error,
 tokens per second), and three figures: loss against rate, the largest logit against
@@ -99,15 +99,16 @@ def _sweep_tables(by_arm: dict) -> list[str]:
   rates = sorted({r["config"]["adamw_lr"] for rs in by_arm.values() for r in rs})
   if len(rates) < 2:
     return []
-  loss_rows, logit_rows = [], []
+  loss_rows, logit_rows, entropy_rows = [], [], []
   for arm, rs in by_arm.items():
     by_rate = _by_rate(rs)
-    cells, logit_cells = [], []
+    cells, logit_cells, entropy_cells = [], [], []
     for lr in rates:
       seeds = by_rate.get(lr, {})
       if not seeds:
         cells.append("-")
         logit_cells.append("-")
+        entropy_cells.append("-")
         continue
       div = sum(bool(r["metrics"]["diverged"]) for r in seeds.values())
       mean = np.mean([loss_of(r) for r in seeds.values()])
@@ -116,6 +117,9 @@ def _sweep_tables(by_arm: dict) -> list[str]:
       logit_cells.append(
         num(float(np.nanmax(logits)) if np.isfinite(logits).any() else None, ".1f")
       )
+      ents = [r["metrics"].get("entropy") for r in seeds.values() if not r["metrics"]["diverged"]]
+      ents = [e for e in ents if e is not None and math.isfinite(e)]
+      entropy_cells.append(num(float(np.mean(ents)) if ents else None, ".2f"))
     n = min(len(s) for s in by_rate.values())
     if set(by_rate) == set(rates):
       loss_rows.append(
@@ -124,6 +128,7 @@ def _sweep_tables(by_arm: dict) -> list[str]:
     else:  # a partial sweep has no sensitivity and no best rate yet
       loss_rows.append([arm, str(n), *cells, f"- ({len(by_rate)}/{len(rates)} rates)", "-"])
     logit_rows.append([arm, *logit_cells])
+    entropy_rows.append([arm, *entropy_cells])
   head = [f"{lr:g}" for lr in rates]
   return [
     "learning-rate sweep: final validation loss, bits per byte (mean over seeds;"
@@ -132,6 +137,9 @@ def _sweep_tables(by_arm: dict) -> list[str]:
     "",
     "largest attention logit max |q·k|/sqrt(r) during training (max over seeds)",
     table(["arm", *head], logit_rows),
+    "",
+    "attention entropy at the end of training, nats (mean over seeds that did not diverge)",
+    table(["arm", *head], entropy_rows),
     "",
   ]
 
