@@ -122,6 +122,7 @@ def _report_main(runs: Sequence[dict], out_dir: pathlib.Path, tag: str) -> list[
   lines, used = [], set()
   across: dict = {}  # contrast name -> {setting label: Paired}
   settings: list[tuple] = []  # (depth, -rate, n, label), to sort the columns
+  sizes = {(g[0]["config"].get("n_train"), g[0]["config"].get("epochs")) for g in groups.values()}
   for gi, (_, group) in enumerate(sorted(groups.items(), key=lambda kv: str(kv[0]))):
     knobs: dict = {}
     for r in group:
@@ -169,7 +170,6 @@ def _report_main(runs: Sequence[dict], out_dir: pathlib.Path, tag: str) -> list[
     )
     rows = []
     c = group[0]["config"]
-    sizes = {(g[0]["config"].get("n_train"), g[0]["config"].get("epochs")) for g in groups.values()}
     setting = f"depth {c['depth']}, lr {c['adamw_lr']:g}"
     if len(sizes) > 1:
       setting += f", n {c['n_train']}, {c['epochs']} epochs"
@@ -231,7 +231,8 @@ def _report_frozen_share(runs: Sequence[dict]) -> list[str]:
   groups: dict = {}
   for r in runs:
     groups.setdefault(_group_key(r["config"]), {}).setdefault(r["arm"], []).append(r)
-  rows = []
+  rows: list[list[str]] = []
+  orders: list[tuple] = []
   for _key, by_arm in sorted(groups.items()):
     if not all(a in by_arm for a in ("A2", "frozen", "B2")):
       continue
@@ -246,6 +247,7 @@ def _report_frozen_share(runs: Sequence[dict]) -> list[str]:
     c = by_arm["A2"][0]["config"]
     share = fz.mean / b2.mean if b2.mean else float("nan")
     share_lo, share_hi = stats.ratio_ci(fz.diffs, b2.diffs)
+    orders.append(_setting_order(c))
     rows.append(
       [
         str(c["depth"]),
@@ -260,7 +262,7 @@ def _report_frozen_share(runs: Sequence[dict]) -> list[str]:
         f"[{_num(share_lo, '.2f')}, {_num(share_hi, '.2f')}]",
       ]
     )
-  rows.sort(key=lambda row: (int(row[0]), -float(row[1]), *map(int, row[2].split("/"))))
+  rows = [row for _, row in sorted(zip(orders, rows), key=lambda t: t[0])]
   if not rows:
     return []
   return [
@@ -313,6 +315,7 @@ def _report_attention(
   end of training (and the largest logit during it), for the runs that record them, with
   a figure of both against training steps per setting."""
   groups = _probed(runs, again)
+  reported = {id(r) for r in runs}
   rows, plots = [], []
   order = lambda by_arm: _setting_order(next(iter(by_arm.values()))[0]["config"])
   for by_arm in sorted(groups.values(), key=order):
@@ -320,7 +323,7 @@ def _report_attention(
       rs = by_arm[arm]
       c = rs[0]["config"]
       m = [r["metrics"] for r in rs]
-      copies = sum(not any(r is x for x in runs) for r in rs)
+      copies = sum(id(r) not in reported for r in rs)
       rows.append(
         [
           str(c["depth"]),
