@@ -163,6 +163,20 @@ def test_rate_selection_and_sensitivity_follow_wortsman():
   assert tables.loss_of(runs[4]) == 8.0 and tables.loss_of(runs[5]) == 8.0
 
 
+def test_the_words_name_the_rate_when_the_runs_span_several():
+  def run(arm, lr, test, logit):
+    r = _record(arm, lr, 0, test)
+    r["metrics"]["max_logit_max"] = logit
+    return r
+
+  one_arm = tables._words([run("A2", 1e-3, 2.0, 5.0), run("A2", 1e-1, 2.5, 90.0)])
+  assert "A2 at 0.001 ended lowest (2.000" in one_arm and "0.500 below A2 at 0.1" in one_arm
+  assert "from 5.0 (A2 at 0.001) to 90.0 (A2 at 0.1)" in one_arm
+  one_rate = tables._words([run("A2", 1e-3, 2.5, 5.0), run("B2", 1e-3, 2.0, 3.0)])
+  assert "B2 ended lowest (2.000" in one_rate and "below A2;" in one_rate
+  assert " at 0.001" not in one_rate
+
+
 def test_the_command_trains_skips_and_reports(tmp_path, capsys):
   out = tmp_path / "lm"
   argv = ["lm", "--arms", "A2,B2", "--steps", "50", "--out", str(out), "--no-progress"]

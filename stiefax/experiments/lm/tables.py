@@ -315,20 +315,28 @@ def summary(records: Sequence[dict]) -> str:
 
 
 def _words(records: Sequence[dict]) -> str:
-  """Plain words on one seed's runs: which arm ended lowest, by how much, and the logits."""
+  """Plain words on the runs just made: which ended lowest, by how much, and the logits.
+
+  A run is named by its arm, and also by its rate when the runs span several rates.
+  """
   ok = [r for r in records if not r["metrics"]["diverged"]]
   if len(ok) < 2:
     return ""
+  several_rates = len({r["config"]["adamw_lr"] for r in ok}) > 1
+
+  def name(r: dict) -> str:
+    return f"{r['arm']} at {r['config']['adamw_lr']:g}" if several_rates else r["arm"]
+
   ok.sort(key=lambda r: r["metrics"]["test_bpb"])
   best, worst = ok[0], ok[-1]
   gap = worst["metrics"]["test_bpb"] - best["metrics"]["test_bpb"]
   logits = sorted(ok, key=lambda r: r["metrics"]["max_logit_max"])
   seeds = sorted({r["seed"] for r in records})
   return (
-    f"In words: {best['arm']} ended lowest ({best['metrics']['test_bpb']:.3f} bits/byte on"
-    f" the test split), {gap:.3f} below {worst['arm']}; the largest attention logit ran"
-    f" from {logits[0]['metrics']['max_logit_max']:.1f} ({logits[0]['arm']}) to"
-    f" {logits[-1]['metrics']['max_logit_max']:.1f} ({logits[-1]['arm']})."
+    f"In words: {name(best)} ended lowest ({best['metrics']['test_bpb']:.3f} bits/byte on"
+    f" the test split), {gap:.3f} below {name(worst)}; the largest attention logit ran"
+    f" from {logits[0]['metrics']['max_logit_max']:.1f} ({name(logits[0])}) to"
+    f" {logits[-1]['metrics']['max_logit_max']:.1f} ({name(logits[-1])})."
     f" {'One seed' if len(seeds) == 1 else f'{len(seeds)} seeds'} of one short run"
     " cannot tell a real difference from noise: the study of docs/lm.md can."
   )
