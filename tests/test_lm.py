@@ -177,6 +177,23 @@ def test_the_words_name_the_rate_when_the_runs_span_several():
   assert " at 0.001" not in one_rate
 
 
+def test_contrasts_pair_arms_at_their_own_best_rates():
+  noise = [0.01, -0.02, 0.0, 0.015, -0.01, 0.005]
+  chosen = {
+    "A2-qknorm": {s: _record("A2-qknorm", 1e-2, s, 0, 1.80 + e) for s, e in enumerate(noise)},
+    "B2": {s: _record("B2", 3e-3, s, 0, 1.85 + e) for s, e in enumerate(noise)},
+    "frozen": {s: _record("frozen", 1e-2, s, 0, 1.85 + e / 2) for s, e in enumerate(noise[:3])},
+  }
+  text = "\n".join(tables._contrast_table(chosen))
+  (row,) = [line for line in text.splitlines() if line.startswith("B2 - A2-qknorm")]
+  assert "+0.0500" in row and "0/6" in row and row.rstrip().endswith("worse")
+  # 3 pairs: an interval, but too few seeds for a verdict; absent arms give no row.
+  (row,) = [line for line in text.splitlines() if line.startswith("B2 - frozen")]
+  assert " 3  " in row and "1/3" in row and row.rstrip().endswith("not settled")
+  assert "A2-sigma" not in text
+  assert tables._contrast_table({"B2": chosen["B2"]}) == []
+
+
 def test_the_command_trains_skips_and_reports(tmp_path, capsys):
   out = tmp_path / "lm"
   argv = ["lm", "--arms", "A2,B2", "--steps", "50", "--out", str(out), "--no-progress"]

@@ -6,7 +6,9 @@ sensitivity as Wortsman et al. 2023 define it), the largest attention logit duri
 training and the attention entropy at the end per arm and rate, the comparison of the arms each at its own best rate
 (test loss, paired differences to A2 with paired-t and bootstrap intervals and the
 verdict of the statistical standard, attention logit and entropy, isometry error,
-tokens per second), and three figures: loss against rate, the largest logit against
+tokens per second), the same paired differences between other pairs of arms
+(:data:`CONTRASTS`: the constraint against QK-norm and σReparam, the two combined,
+frozen and QR against B2), and three figures: loss against rate, the largest logit against
 steps at the two highest rates, and validation loss curves at the best rates.
 
 An arm's best rate is the one with the lowest mean validation loss over the seeds that
@@ -210,6 +212,54 @@ def _best_table(by_arm: dict) -> tuple[list[str], dict]:
   ], chosen
 
 
+#: Pairs (b, a) compared at their best rates beside the protocol's Δ vs A2: does the
+#: constraint do more than QK-norm or σReparam, do the two combine, and what do training
+#: the frames and the retraction add.
+CONTRASTS = (
+  ("B2", "A2-qknorm"),
+  ("B2", "A2-sigma"),
+  ("A2-qknorm", "A2-sigma"),
+  ("B2-qknorm", "A2-qknorm"),
+  ("B2-qknorm", "B2"),
+  ("B2", "frozen"),
+  ("B2-qr", "B2"),
+)
+
+
+def _contrast_table(chosen: dict) -> list[str]:
+  """Paired test-loss differences b - a between arms, each at its own best rate."""
+  rows = []
+  for b, a in CONTRASTS:
+    if a not in chosen or b not in chosen:
+      continue
+    la = {s: loss_of(r, "test_bpb") for s, r in chosen[a].items()}
+    lb = {s: loss_of(r, "test_bpb") for s, r in chosen[b].items()}
+    common = sorted(set(la) & set(lb))
+    if len(common) < 2:  # one pair has no interval
+      continue
+    p = stats.paired([la[s] for s in common], [lb[s] for s in common])
+    wins = sum(lb[s] < la[s] for s in common)
+    rows.append(
+      [
+        f"{b} - {a}",
+        str(len(common)),
+        f"{p.mean:+.4f}",
+        f"[{p.t_low:+.4f}, {p.t_high:+.4f}]",
+        f"[{p.ci_low:+.4f}, {p.ci_high:+.4f}]",
+        f"{wins}/{len(common)}",
+        _verdict_words(p),
+      ]
+    )
+  if not rows:
+    return []
+  return [
+    "contrasts at the best rates: test loss, bits per byte (Δ = b - a, paired by seed;"
+    " negative: b is better)",
+    table(["b - a", "seeds", "Δ", "t 95% CI", "bootstrap 95% CI", "b lower", "verdict"], rows),
+    "",
+  ]
+
+
 def _verdict_words(p: stats.Paired) -> str:
   v = p.verdict
   return {"b > a": "worse", "b < a": "better"}.get(v, v)
@@ -284,6 +334,7 @@ def report(runs: list[dict], out_dir: pathlib.Path) -> str:
     lines += _sweep_tables(by_arm)
     best, chosen = _best_table(by_arm)
     lines += best
+    lines += _contrast_table(chosen)
     stem = f"lm_{group[0]['config']['preset']}" + (f"_{gi}" if len(groups) > 1 else "")
     lines += _plots(by_arm, chosen, pathlib.Path(out_dir), stem)
     lines.append("")
