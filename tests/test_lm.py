@@ -326,3 +326,27 @@ def test_report_gives_no_sensitivity_or_best_rate_to_an_unfinished_sweep(tmp_pat
   assert rows["A2"] == ["1.00"] * 7 and rows["B2"] == ["1.00"] * 2 + ["-"] * 5
   best = text.split("each arm at its best rate")[1]
   assert "\nA2 " in best and "\nB2 " not in best  # no best rate for the unfinished sweep
+
+
+def test_the_committed_study_is_complete_and_the_docs_quote_its_report():
+  """``results/lm`` holds the protocol of docs/lm.md (7 rates x 2 seeds per arm, then
+  6 seeds per arm at its best rate), and every line of the tables that ``stiefax report
+  results/lm`` prints from it is in docs/lm.md: the page says what the JSON shows."""
+  import pathlib  # pylint: disable=g-import-not-at-top
+
+  from stiefax.experiments import report as report_lib  # pylint: disable=g-import-not-at-top
+
+  root = pathlib.Path(__file__).parent.parent
+  groups, warnings = report_lib.load_runs(root / "results/lm")
+  assert warnings == []
+  runs = groups["lm"]
+  for arm in lm_config.ARMS:
+    mine = [r for r in runs if r["arm"] == arm]
+    sweep = {(r["config"]["adamw_lr"], r["seed"]) for r in mine if r["seed"] < 2}
+    assert sweep == {(lr, s) for lr in lm_config.SWEEP_RATES for s in (0, 1)}, arm
+    best = tables.select_rate([r for r in mine if r["seed"] < 2])
+    assert {r["seed"] for r in mine if r["config"]["adamw_lr"] == best} == set(range(6)), arm
+  text = tables.report(runs, None)
+  doc = (root / "docs/lm.md").read_text()
+  missing = [ln for ln in text.splitlines() if ln.strip() and ln not in doc]
+  assert missing == [], missing

@@ -301,16 +301,21 @@ def _plots(by_arm: dict, chosen: dict, out_dir: pathlib.Path, stem: str) -> list
     made.append(report_lib.save_figure(fig, plt, out_dir, f"{stem}_max_logit.png"))
   if chosen:
     fig, ax = plt.subplots(figsize=(6, 4))
+    curves: list[np.ndarray] = []
     for i, (arm, seeds) in enumerate(chosen.items()):
       hs = [r["history"] for r in seeds.values() if not r["metrics"]["diverged"]]
       if hs:
         n = min(len(h["val_bpb"]) for h in hs)
-        y = np.mean([h["val_bpb"][:n] for h in hs], axis=0)
+        curve = np.asarray(np.mean([h["val_bpb"][:n] for h in hs], axis=0))
         lr = next(iter(seeds.values()))["config"]["adamw_lr"]
-        ax.plot(hs[0]["step"][:n], y, label=f"{arm} (rate {lr:g})", color=f"C{i}")
+        ax.plot(hs[0]["step"][:n], curve, label=f"{arm} (rate {lr:g})", color=f"C{i}")
+        curves.append(curve)
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss (bits/byte)")
-    ax.set_ylim(top=min(8.5, ax.get_ylim()[1]))
+    if curves and min(len(c) for c in curves) > 2:
+      # The first evaluations (the loss at init is 8 bits/byte) would hide the end.
+      low = min(float(np.min(c)) for c in curves)
+      ax.set_ylim(low - 0.05, max(float(c[2]) for c in curves) + 0.05)
     ax.set_title("each arm at its best rate (mean over seeds)")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -318,8 +323,9 @@ def _plots(by_arm: dict, chosen: dict, out_dir: pathlib.Path, stem: str) -> list
   return [f"  plot: {p}" for p in made if p]
 
 
-def report(runs: list[dict], out_dir: pathlib.Path) -> str:
-  """The tables (and PNG figures in ``out_dir``) of ``lm`` runs, per setting."""
+def report(runs: list[dict], out_dir: Optional[pathlib.Path]) -> str:
+  """The tables (and PNG figures in ``out_dir``; none when it is None) of ``lm`` runs,
+  per setting."""
   runs = [r for r in runs if r.get("experiment") == "lm"]
   if not runs:
     return "lm: no runs"
@@ -336,7 +342,8 @@ def report(runs: list[dict], out_dir: pathlib.Path) -> str:
     lines += best
     lines += _contrast_table(chosen)
     stem = f"lm_{group[0]['config']['preset']}" + (f"_{gi}" if len(groups) > 1 else "")
-    lines += _plots(by_arm, chosen, pathlib.Path(out_dir), stem)
+    if out_dir is not None:
+      lines += _plots(by_arm, chosen, pathlib.Path(out_dir), stem)
     lines.append("")
   return "\n".join(lines).rstrip() + "\n"
 
