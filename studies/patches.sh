@@ -15,10 +15,11 @@
 #
 # Two instances may share OUT, one per core: STIEFAX_CORE=0 STIEFAX_WORKER=0/2 and
 # STIEFAX_CORE=1 STIEFAX_WORKER=1/2. Worker k of K first runs the commands whose index
-# is k modulo K (no two commands share a run), then every command in order, which
-# skips finished runs, trains the runs no instance holds, then waits for the runs
-# another instance is training; so each instance ends only when the whole study is
-# finished.
+# is k modulo K (no two commands share a run); then every command in order with
+# --no-wait, which skips finished runs, trains the runs no instance holds and leaves
+# the held ones to their instance; then every command once more, waiting for the runs
+# another instance is training; so no core waits while a free run is left, and each
+# instance ends only when the whole study is finished.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${1:-../shared/data/cifar10-jpeg.tar.gz}
@@ -63,10 +64,13 @@ done
 for s in 0 1 2; do
   patches sweep-n --arms A2,B2 --seeds "$s" --out "$OUT/sweep-n"
 done
-run() { eval "taskset -c \"\$CORE\" stiefax patches --data \"\$DATA\" --no-progress ${study[$1]}"; }
+run() { eval "taskset -c \"\$CORE\" stiefax patches --data \"\$DATA\" --no-progress ${study[$1]} ${2:-}"; }
 k=${WORKER%/*} K=${WORKER#*/}
 for i in "${!study[@]}"; do
-  if ((i % K == k)); then run "$i"; fi
+  if ((i % K == k)); then run "$i" --no-wait || echo "study: entry $i runs again later"; fi
+done
+for i in "${!study[@]}"; do
+  run "$i" --no-wait || echo "study: entry $i runs again later"
 done
 for i in "${!study[@]}"; do
   run "$i"

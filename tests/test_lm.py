@@ -216,6 +216,32 @@ def test_the_command_trains_skips_and_reports(tmp_path, capsys):
   assert "nan" not in report  # one seed: no interval, shown as "-"
 
 
+def test_no_wait_leaves_a_held_run_to_its_process(tmp_path, capsys, monkeypatch):
+  """With --no-wait the free run trains and the command ends with status 75 instead of
+  waiting for the run another process holds."""
+  from stiefax.experiments import jobs  # pylint: disable=g-import-not-at-top
+  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+
+  out = tmp_path / "lm"
+  real_acquire = store.RunLock.acquire
+  asked = []
+
+  def acquire(lock):
+    if lock.path.name.startswith("B2-"):  # held by "another process" throughout
+      asked.append(lock.path.name)
+      return False
+    return real_acquire(lock)
+
+  monkeypatch.setattr(store.RunLock, "acquire", acquire)
+  argv = ["lm", "--arms", "A2,B2", "--steps", "10", "--eval-every", "5", "--out", str(out)]
+  assert cli.main(argv + ["--no-progress", "--no-wait"]) == jobs.EXIT_HELD
+  text = capsys.readouterr().out
+  assert "1 run(s) held by other processes are left to them (--no-wait)" in text
+  assert len(asked) == 2  # asked in the pass that trained A2, and once more
+  assert [f.name.split("-")[0] for f in out.glob("*.json")] == ["A2"]
+  assert not list(out.glob("*.lock"))
+
+
 @pytest.mark.parametrize(
   "extra, message",
   [

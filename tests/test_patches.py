@@ -241,6 +241,35 @@ def test_a_held_run_is_passed_over_until_every_free_run_is_trained(tmp_path, cap
   assert not list(out.glob("*.lock"))
 
 
+def test_no_wait_leaves_a_held_run_to_its_process(tmp_path, capsys, monkeypatch):
+  """With --no-wait the free run trains and the command ends with status 75 instead of
+  waiting for the run another process holds (the study scripts' middle pass)."""
+  from stiefax.experiments import jobs  # pylint: disable=g-import-not-at-top
+  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+
+  out = tmp_path / "runs"
+  real_acquire = store.RunLock.acquire
+  asked = []
+
+  def acquire(lock):
+    if lock.path.name.startswith("run-A2-"):  # held by "another process" throughout
+      asked.append(lock.path.name)
+      assert len(asked) < 3, "waited for the held run"
+      return False
+    return real_acquire(lock)
+
+  monkeypatch.setattr(store.RunLock, "acquire", acquire)
+  argv = digits_argv(
+    tmp_path, *("--arms", "A2,frozen", "--seeds", "0", "--epochs", "1", "--n-train", "256")
+  )
+  assert cli.main(argv + ["--no-wait"]) == jobs.EXIT_HELD == 75
+  text = capsys.readouterr().out
+  assert "1 run(s) held by other processes are left to them (--no-wait)" in text
+  assert "second pass" not in text and len(asked) == 1
+  assert [p.name.split("-")[1] for p in out.glob("run-*.json")] == ["frozen"]
+  assert not list(out.glob("*.lock"))
+
+
 def _fake(arm, seed, acc, protocol="run", n=10_000, eps=1e-8):
   cfg = {
     "protocol": protocol,

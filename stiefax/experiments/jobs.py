@@ -15,7 +15,16 @@ from typing import Optional
 
 from stiefax.experiments import store
 
-__all__ = ["checkpoint_interval", "Job"]
+__all__ = ["checkpoint_interval", "EXIT_HELD", "Job", "NO_WAIT_HELP"]
+
+#: The exit status of a command run with ``--no-wait`` that left runs held by other
+#: processes to them (``EX_TEMPFAIL`` of ``sysexits.h``: run it again later).
+EXIT_HELD = 75
+
+NO_WAIT_HELP = (
+  "leave the runs another process is training to it: train the free runs, then end"
+  f" with status {EXIT_HELD} if any were held (default: wait for them)"
+)
 
 
 def checkpoint_interval(every: int, eval_every: int) -> int:

@@ -77,6 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     " is used; 0: only on Ctrl-C/SIGTERM; default 500)",
   )
   parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+  parser.add_argument("--no-wait", action="store_true", help=jobs.NO_WAIT_HELP)
 
 
 def _rates(text: str) -> list[float]:
@@ -207,6 +208,10 @@ def run(args: argparse.Namespace) -> int:
       finally:
         lock.release()
     if len(records) < len(todo) and len(records) == before:
+      if args.no_wait:  # every run left is held by another process
+        held = len(todo) - len(records)
+        print(f"{held} run(s) held by other processes are left to them (--no-wait)", flush=True)
+        return jobs.EXIT_HELD
       time.sleep(2.0)
   ordered = [records[j.path.name] for j in todo]
   print()

@@ -16,6 +16,7 @@ from typing import Optional
 import stiefax
 from stiefax import _routing
 from stiefax.experiments import flags
+from stiefax.experiments import jobs
 from stiefax.experiments import patches
 from stiefax.experiments.arms import Arm
 from stiefax.experiments.cli import CommandError
@@ -143,6 +144,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     help="rerun runs whose JSON already exists with the same configuration",
   )
   g.add_argument("--no-progress", action="store_true", help="no progress bars")
+  g.add_argument("--no-wait", action="store_true", help=jobs.NO_WAIT_HELP)
 
 
 def _positive(value, flag: str, allow_zero: bool = False) -> None:
@@ -261,6 +263,12 @@ def run(args: argparse.Namespace) -> int:
   protocol = protocols.PROTOCOL_FNS[args.protocol]
   ctx.defer_held = True
   done = protocol(ctx, arms, seeds)
+  if ctx.deferred and args.no_wait:
+    print(
+      f"\n{len(ctx.deferred)} run(s) held by other processes are left to them (--no-wait)",
+      flush=True,
+    )
+    return jobs.EXIT_HELD
   if ctx.deferred:
     print(
       f"\nsecond pass: {len(ctx.deferred)} run(s) were held by other processes; waiting for them",
