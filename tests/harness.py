@@ -3,6 +3,7 @@
 import pathlib
 import pickle
 import tarfile
+from typing import Callable
 
 import numpy as np
 
@@ -76,3 +77,29 @@ def one_line_error(capsys, argv, match) -> str:
   assert len(err.splitlines()) == 1 and "Traceback" not in err
   assert match in err
   return err
+
+
+def hold_runs(
+  monkeypatch, prefix: str, *, until: Callable[[], bool] = lambda: False, max_asks: int = 0
+) -> list[str]:
+  """Makes every run lock whose file name starts with ``prefix`` look held by another
+  process (``RunLock.acquire`` answers False) until ``until()`` is true; other locks are
+  taken as usual.
+
+  Returns the list of lock names asked for while held, filled as the command runs; with
+  ``max_asks`` > 0, asking more often than that fails the test (the command waited).
+  """
+  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+
+  real_acquire = store.RunLock.acquire
+  asked: list[str] = []
+
+  def acquire(lock):
+    if lock.path.name.startswith(prefix) and not until():
+      asked.append(lock.path.name)
+      assert not max_asks or len(asked) <= max_asks, f"waited for the held run {prefix}*"
+      return False
+    return real_acquire(lock)
+
+  monkeypatch.setattr(store.RunLock, "acquire", acquire)
+  return asked

@@ -220,19 +220,10 @@ def test_no_wait_leaves_a_held_run_to_its_process(tmp_path, capsys, monkeypatch)
   """With --no-wait the free run trains and the command ends with status 75 instead of
   waiting for the run another process holds."""
   from stiefax.experiments import jobs  # pylint: disable=g-import-not-at-top
-  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+  from tests.harness import hold_runs  # pylint: disable=g-import-not-at-top
 
   out = tmp_path / "lm"
-  real_acquire = store.RunLock.acquire
-  asked = []
-
-  def acquire(lock):
-    if lock.path.name.startswith("B2-"):  # held by "another process" throughout
-      asked.append(lock.path.name)
-      return False
-    return real_acquire(lock)
-
-  monkeypatch.setattr(store.RunLock, "acquire", acquire)
+  asked = hold_runs(monkeypatch, "B2-")  # held by "another process" throughout
   argv = ["lm", "--arms", "A2,B2", "--steps", "10", "--eval-every", "5", "--out", str(out)]
   assert cli.main(argv + ["--no-progress", "--no-wait"]) == jobs.EXIT_HELD
   text = capsys.readouterr().out

@@ -203,22 +203,14 @@ def test_digits_default_runs_end_to_end(tmp_path, capsys):
 
 def test_a_held_run_is_passed_over_until_every_free_run_is_trained(tmp_path, capsys, monkeypatch):
   """Another process holds an A2 selection run: this one trains frozen first, then waits."""
-  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+  from tests.harness import hold_runs  # pylint: disable=g-import-not-at-top
 
   out = tmp_path / "runs"
   held = "select-lr-A2-n256-k0.003-"
-  polls = []
-  real_acquire = store.RunLock.acquire
-
-  def acquire(lock):
-    # "Another process" holds the A2 run at rate 3e-3 until the frozen run is written.
-    if lock.path.name.startswith(held) and not list(out.glob("run-frozen-*.json")):
-      polls.append(lock.path.name)
-      assert len(polls) < 3, "waited for a held run while the frozen run was free"
-      return False
-    return real_acquire(lock)
-
-  monkeypatch.setattr(store.RunLock, "acquire", acquire)
+  # "Another process" holds the A2 run at rate 3e-3 until the frozen run is written.
+  polls = hold_runs(
+    monkeypatch, held, until=lambda: bool(list(out.glob("run-frozen-*.json"))), max_asks=2
+  )
   argv = digits_argv(
     tmp_path,
     *("--arms", "A2,frozen", "--seeds", "0", "--epochs", "2", "--n-train", "256"),
@@ -245,20 +237,10 @@ def test_no_wait_leaves_a_held_run_to_its_process(tmp_path, capsys, monkeypatch)
   """With --no-wait the free run trains and the command ends with status 75 instead of
   waiting for the run another process holds (the study scripts' middle pass)."""
   from stiefax.experiments import jobs  # pylint: disable=g-import-not-at-top
-  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+  from tests.harness import hold_runs  # pylint: disable=g-import-not-at-top
 
   out = tmp_path / "runs"
-  real_acquire = store.RunLock.acquire
-  asked = []
-
-  def acquire(lock):
-    if lock.path.name.startswith("run-A2-"):  # held by "another process" throughout
-      asked.append(lock.path.name)
-      assert len(asked) < 3, "waited for the held run"
-      return False
-    return real_acquire(lock)
-
-  monkeypatch.setattr(store.RunLock, "acquire", acquire)
+  asked = hold_runs(monkeypatch, "run-A2-", max_asks=2)  # held throughout
   argv = digits_argv(
     tmp_path, *("--arms", "A2,frozen", "--seeds", "0", "--epochs", "1", "--n-train", "256")
   )
