@@ -415,6 +415,12 @@ def test_budgets_get_their_own_files_and_reruns_skip_finished_runs(
   assert "[preset=tiny epochs=40 eval_every=20]: 1 run(s)" in text
 
 
+def _assert_same_history(resumed: dict, whole: dict) -> None:
+  """A resumed run's history is the uninterrupted run's, to float32 rounding."""
+  for k, v in whole["history"].items():
+    np.testing.assert_allclose(resumed["history"][k], v, rtol=1e-6, atol=1e-7, err_msg=k)
+
+
 def _counting_chunks(monkeypatch, interrupt_at=None, exc=None):
   """Counts ``train_chunk`` calls; at call ``interrupt_at`` sends SIGINT or raises ``exc``."""
   import signal  # pylint: disable=g-import-not-at-top
@@ -445,16 +451,11 @@ def test_sigint_leaves_a_run_that_resumes_to_the_same_result(
   out = tmp_path / "R"
   argv = [
     "grok",
-    "--preset",
-    tiny_preset,
-    "--arms",
-    "A2",
-    "--seeds",
-    "0",
-    "--checkpoint-every",
-    "0",
-    "--out",
-    str(out),
+    *("--preset", tiny_preset),
+    *("--arms", "A2"),
+    *("--seeds", "0"),
+    *("--checkpoint-every", "0"),
+    *("--out", str(out)),
   ]
   calls = _counting_chunks(monkeypatch, interrupt_at=2)
   assert cli.main(argv) == 130  # stopped after the 2nd of 4 evaluation windows
@@ -470,8 +471,7 @@ def test_sigint_leaves_a_run_that_resumes_to_the_same_result(
   resumed, whole = json.loads((out / name).read_text()), _load(tiny_runs, "A2")
   assert resumed["resumed_from"] == 40 and whole["resumed_from"] is None
   assert sorted(p.name for p in out.iterdir()) == [name]  # checkpoint removed when done
-  for k, v in whole["history"].items():
-    np.testing.assert_allclose(resumed["history"][k], v, rtol=1e-6, atol=1e-7, err_msg=k)
+  _assert_same_history(resumed, whole)
   for k, v in whole["metrics"].items():
     assert resumed["metrics"][k] == (
       v if v is None or isinstance(v, int) else pytest.approx(v, rel=1e-6)
@@ -484,16 +484,11 @@ def test_a_crashed_run_resumes_from_its_last_periodic_checkpoint(
   out = tmp_path / "R"
   argv = [
     "grok",
-    "--preset",
-    tiny_preset,
-    "--arms",
-    "B2",
-    "--seeds",
-    "0",
-    "--checkpoint-every",
-    "30",
-    "--out",
-    str(out),
+    *("--preset", tiny_preset),
+    *("--arms", "B2"),
+    *("--seeds", "0"),
+    *("--checkpoint-every", "30"),
+    *("--out", str(out)),
   ]  # rounded up to 40
   _counting_chunks(monkeypatch, interrupt_at=4, exc=RuntimeError("power cut"))
   with pytest.raises(RuntimeError, match="power cut"):
@@ -503,8 +498,7 @@ def test_a_crashed_run_resumes_from_its_last_periodic_checkpoint(
   assert len(calls) == 2
   resumed, whole = _load(out, "B2"), _load(tiny_runs, "B2")
   assert resumed["resumed_from"] == 40
-  for k, v in whole["history"].items():
-    np.testing.assert_allclose(resumed["history"][k], v, rtol=1e-6, atol=1e-7, err_msg=k)
+  _assert_same_history(resumed, whole)
 
 
 @pytest.mark.slow
@@ -514,17 +508,12 @@ def test_vmapped_seeds_match_separate_runs_and_resume(
   out = tmp_path / "R"
   argv = [
     "grok",
-    "--preset",
-    tiny_preset,
-    "--arms",
-    "A2",
-    "--seeds",
-    "0,1",
+    *("--preset", tiny_preset),
+    *("--arms", "A2"),
+    *("--seeds", "0,1"),
     "--vmap-seeds",
-    "--checkpoint-every",
-    "0",
-    "--out",
-    str(out),
+    *("--checkpoint-every", "0"),
+    *("--out", str(out)),
   ]
   calls = _counting_chunks(monkeypatch, interrupt_at=2)
   assert cli.main(argv) == 130
@@ -742,18 +731,12 @@ def test_two_processes_on_one_out_keep_every_run(tmp_path):
   out = tmp_path / "R"
   argv = [
     "grok",
-    "--preset",
-    "tiny",
-    "--epochs",
-    "40",
-    "--eval-every",
-    "20",
-    "--arms",
-    "A2",
-    "--seeds",
-    "0,1,2,3",
-    "--out",
-    str(out),
+    *("--preset", "tiny"),
+    *("--epochs", "40"),
+    *("--eval-every", "20"),
+    *("--arms", "A2"),
+    *("--seeds", "0,1,2,3"),
+    *("--out", str(out)),
   ]
   procs = [_stiefax_process(tmp_path, *argv) for _ in range(2)]
   logs = [p.communicate(timeout=600)[0] for p in procs]
