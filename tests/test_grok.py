@@ -311,6 +311,28 @@ def test_report_prints_tables_and_writes_pngs(tiny_runs, tmp_path, capsys):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
 
 
+def test_the_committed_runs_are_finished_and_the_docs_quote_their_report():
+  """Every run in ``results/grok`` is a finished paper-preset run of a Table 4 arm, at
+  most one per arm and seed, and every line of the table ``stiefax report
+  results/grok`` prints from them is in docs/reproduction.md."""
+  from stiefax.experiments import report as report_lib  # pylint: disable=g-import-not-at-top
+  from stiefax.experiments.grok import tables  # pylint: disable=g-import-not-at-top
+
+  root = pathlib.Path(__file__).parent.parent
+  groups, warnings = report_lib.load_runs(root / "results/grok")
+  assert warnings == [] and list(groups) == ["grok"]
+  runs = groups["grok"]
+  paper = grok.PRESETS["paper"]["config"]
+  assert {r["arm"] for r in runs} <= {"A2", "B2", "B2-frz", "B2m", "B2m-can"}
+  assert len({(r["arm"], r["seed"]) for r in runs}) == len(runs)
+  for r in runs:
+    assert r["config"]["epochs"] == paper.epochs == r["history"]["epoch"][-1], r["arm"]
+  doc = (root / "docs/reproduction.md").read_text()
+  text = tables.report(runs, None)
+  missing = [ln for ln in text.splitlines() if ln.strip() and ln not in doc]
+  assert missing == [], missing
+
+
 def test_report_paired_differences_with_two_seeds(tiny_runs, tmp_path, capsys):
   """A second seed (copied runs with shifted tails) turns on the paired table."""
   d = tmp_path / "runs"

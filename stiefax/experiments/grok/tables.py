@@ -256,18 +256,19 @@ def _plots(runs: Sequence[dict], out_dir: pathlib.Path, suffix: str) -> list[str
   return [p for p in written if p is not None]
 
 
-def report(runs: list, out_dir: pathlib.Path) -> str:
-  """Paper-style tables for grokking runs; writes accuracy and isometry PNGs."""
+def report(runs: list, out_dir: Optional[pathlib.Path]) -> str:
+  """Paper-style tables for grokking runs, and the accuracy, isometry and ELR PNGs in
+  ``out_dir`` (none when it is None)."""
   groups = _settings(runs)
   parts = []
   for _i, (setting, rs) in enumerate(sorted(groups.items())):
     suffix = "" if len(groups) == 1 else f"_{_slug(setting)}"
-    written = _plots(rs, pathlib.Path(out_dir), suffix)
-    parts.append(
+    part = (
       f"Grokking, c = (a + b) mod {rs[0]['config'].get('modulus', 97)}"
-      f" [{setting}]: {len(rs)} run(s)\n"
-      + _table(rs)
-      + "\nplots: "
-      + ", ".join(str(p) for p in written)
+      f" [{setting}]: {len(rs)} run(s)\n" + _table(rs)
     )
+    if out_dir is not None:
+      written = _plots(rs, pathlib.Path(out_dir), suffix)
+      part += "\nplots: " + ", ".join(str(p) for p in written)
+    parts.append(part)
   return "\n\n".join(parts)
