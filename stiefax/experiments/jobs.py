@@ -15,7 +15,7 @@ from typing import Optional
 
 from stiefax.experiments import store
 
-__all__ = ["checkpoint_interval", "EXIT_HELD", "Job", "NO_WAIT_HELP"]
+__all__ = ["checkpoint_interval", "EXIT_HELD", "Job", "leave_held", "NO_WAIT_HELP"]
 
 #: The exit status of a command run with ``--no-wait`` that left runs held by other
 #: processes to them (``EX_TEMPFAIL`` of ``sysexits.h``: run it again later).
@@ -25,6 +25,15 @@ NO_WAIT_HELP = (
   "leave the runs another process is training to it: train the free runs, then end"
   f" with status {EXIT_HELD} if any were held (default: wait for them)"
 )
+
+
+def leave_held(count: int) -> int:
+  """Say that ``count`` runs held by other processes are left to them (``--no-wait``).
+
+  Returns :data:`EXIT_HELD`, the status the command ends with.
+  """
+  print(f"{count} run(s) held by other processes are left to them (--no-wait)", flush=True)
+  return EXIT_HELD
 
 
 def checkpoint_interval(every: int, eval_every: int) -> int:

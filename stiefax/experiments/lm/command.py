@@ -209,9 +209,7 @@ def run(args: argparse.Namespace) -> int:
         lock.release()
     if len(records) < len(todo) and len(records) == before:
       if args.no_wait:  # every run left is held by another process
-        held = len(todo) - len(records)
-        print(f"{held} run(s) held by other processes are left to them (--no-wait)", flush=True)
-        return jobs.EXIT_HELD
+        return jobs.leave_held(len(todo) - len(records))
       time.sleep(2.0)
   ordered = [records[j.path.name] for j in todo]
   print()

@@ -264,11 +264,8 @@ def run(args: argparse.Namespace) -> int:
   ctx.defer_held = True
   done = protocol(ctx, arms, seeds)
   if ctx.deferred and args.no_wait:
-    print(
-      f"\n{len(ctx.deferred)} run(s) held by other processes are left to them (--no-wait)",
-      flush=True,
-    )
-    return jobs.EXIT_HELD
+    print()
+    return jobs.leave_held(len(ctx.deferred))
   if ctx.deferred:
     print(
       f"\nsecond pass: {len(ctx.deferred)} run(s) were held by other processes; waiting for them",
