@@ -1,4 +1,8 @@
-"""The benchmark scripts run end to end and print their summary line (tiny budgets)."""
+"""The benchmark scripts run end to end and print their summary line (tiny budgets).
+
+Each script compiles every row it times, so these runs are marked slow; the checks of
+the committed benchmark results stay in the default suite.
+"""
 
 import importlib.util
 import json
@@ -22,6 +26,7 @@ def _main(module, argv, capsys, monkeypatch):
   return capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_update_step_table_and_summary(capsys, monkeypatch):
   out = _main(update_step, ["--quick", "--methods", "auto", "--reps", "2"], capsys, monkeypatch)
   rows = [line.split() for line in out.splitlines() if line.startswith("(8,128,16)")]
@@ -32,6 +37,7 @@ def test_update_step_table_and_summary(capsys, monkeypatch):
   assert re.search(r"^summary: .*\(8,128,16\) [0-9.]+x", out, re.M)
 
 
+@pytest.mark.slow
 def test_update_step_family_rows(capsys, monkeypatch):
   out = _main(
     update_step,
@@ -44,6 +50,7 @@ def test_update_step_family_rows(capsys, monkeypatch):
     assert sum(label in r for r in rows) == 1, label
 
 
+@pytest.mark.slow
 def test_mmuon_solver_tables(capsys, monkeypatch):
   out = _main(mmuon_solver, ["--quick", "--reps", "1"], capsys, monkeypatch)
   rows = [line.split() for line in out.splitlines() if line.startswith("(4, 16, 4)")]
@@ -53,6 +60,7 @@ def test_mmuon_solver_tables(capsys, monkeypatch):
   assert re.search(r"K=10 +[0-9.]+ ms", out)
 
 
+@pytest.mark.slow
 def test_train_step_summary(capsys, monkeypatch):
   out = _main(train_step, ["--batch", "8", "--reps", "2"], capsys, monkeypatch)
   assert re.search(
@@ -60,6 +68,7 @@ def test_train_step_summary(capsys, monkeypatch):
   )
 
 
+@pytest.mark.slow
 def test_grok_seeds_ratio(capsys, monkeypatch):
   from stiefax.experiments import grok  # pylint: disable=g-import-not-at-top
   from tests.harness import TINY_GROK  # pylint: disable=g-import-not-at-top
