@@ -9,6 +9,7 @@ import pytest
 import stiefax
 from stiefax.experiments import arms
 from stiefax.experiments import grok
+from stiefax.experiments import lm
 from stiefax.experiments import optim
 from stiefax.experiments import patches
 
@@ -30,9 +31,10 @@ def _params():
 
 
 def test_one_arm_per_name_across_commands():
-  for name in set(patches.ARMS) & set(grok.ARMS):
-    assert patches.ARMS[name] is grok.ARMS[name] is arms.ARMS[name]
-  assert set(patches.ARMS) | set(grok.ARMS) == set(arms.ARMS)
+  for offered in (patches.ARMS, grok.ARMS, lm.ARMS):
+    for name, arm in offered.items():
+      assert arm is arms.ARMS[name]
+  assert set(patches.ARMS) | set(grok.ARMS) | set(lm.ARMS) == set(arms.ARMS)
   assert list(patches.ARMS)[:3] == ["A2", "A2-orth", "B2"]  # each command's own order
   assert list(grok.ARMS)[:3] == ["A2", "B2", "B2m"]
 

@@ -357,7 +357,9 @@ def test_the_committed_study_is_complete_and_the_docs_quote_its_report():
   groups, warnings = report_lib.load_runs(root / "results/lm")
   assert warnings == []
   runs = groups["lm"]
-  for arm in lm_config.ARMS:
+  study1 = ("A2", "A2-qknorm", "A2-sigma", "frozen", "B2", "B2-qr", "B2-qknorm")
+  assert {r["arm"] for r in runs} == set(study1)
+  for arm in study1:
     mine = [r for r in runs if r["arm"] == arm]
     sweep = {(r["config"]["adamw_lr"], r["seed"]) for r in mine if r["seed"] < 2}
     assert sweep == {(lr, s) for lr in lm_config.SWEEP_RATES for s in (0, 1)}, arm

@@ -27,7 +27,7 @@ from typing import Iterable
 from typing import Mapping
 from typing import Optional
 
-__all__ = ["FRAME_RULES", "ATTENTION", "Arm", "ARMS", "ALIASES", "select", "lookup"]
+__all__ = ["FRAME_RULES", "ATTENTION", "QK_INPUTS", "Arm", "ARMS", "ALIASES", "select", "lookup"]
 
 FRAME_RULES = (
   "adamw",
@@ -41,6 +41,9 @@ FRAME_RULES = (
 
 #: How an arm's attention reads W_Q, W_K (:mod:`stiefax.experiments.attention`).
 ATTENTION = ("plain", "qknorm", "sigma")
+
+#: What an arm's W_Q, W_K read (``Arm.qk_input``).
+QK_INPUTS = ("gained", "fold")
 
 
 def _frozen(d: Optional[Mapping] = None) -> Mapping:
@@ -65,6 +68,13 @@ class Arm:
     circuit_init_scale: multiplies every non-frame matrix at init.
     attention: ``plain``, ``qknorm`` (LayerNorm on each head's q and k) or ``sigma``
       (σReparam on W_Q, W_K); see :mod:`stiefax.experiments.attention`.
+    temperature: each head's logits are ``exp(t_h) q·k / sqrt(r)`` with a learned
+      ``t_h`` per head and layer, init 0, trained by AdamW without decay (``stiefax lm``).
+    qk_input: what W_Q, W_K read: ``gained``, the pre-attention norm's output
+      ``x / rms(x) * (1 + s)``, or ``fold``, ``x / rms(x)`` without the learned gain
+      (the values keep the gained input; ``stiefax lm``).
+    frame_gain: each query/key head is ``U_h diag(g_h)``: ``U_h`` the frame, ``g_h`` in
+      R^r a learned gain, init 1, trained by AdamW without decay (``stiefax lm``).
   """
 
   name: str
@@ -78,8 +88,15 @@ class Arm:
   weight_decay: Optional[float] = None
   circuit_init_scale: float = 1.0
   attention: str = "plain"
+  temperature: bool = False
+  qk_input: str = "gained"
+  frame_gain: bool = False
 
   def __post_init__(self):
+    if self.qk_input not in QK_INPUTS:
+      raise ValueError(
+        f"Arm {self.name!r}: qk_input={self.qk_input!r}; choose from {', '.join(QK_INPUTS)}"
+      )
     if self.attention not in ATTENTION:
       raise ValueError(
         f"Arm {self.name!r}: attention={self.attention!r}; choose from {', '.join(ATTENTION)}"
@@ -136,6 +153,39 @@ ARMS: Mapping[str, Arm] = types.MappingProxyType(
         rate=1.0,
         grid=_RADAM_GRID,
         attention="qknorm",
+      ),
+      Arm(
+        "B2-temp",
+        "B2 + a learned temperature per head (exp(t_h) q·k / sqrt(r), t_h init 0)",
+        "riemannian_adam",
+        rate=1.0,
+        grid=_RADAM_GRID,
+        temperature=True,
+      ),
+      Arm(
+        "B2-fold",
+        "B2-temp, W_Q and W_K read x / rms(x) without the norm's gain",
+        "riemannian_adam",
+        rate=1.0,
+        grid=_RADAM_GRID,
+        temperature=True,
+        qk_input="fold",
+      ),
+      Arm(
+        "A2-temp",
+        "AdamW + Xavier + a learned temperature per head (exp(t_h) q·k / sqrt(r))",
+        "adamw",
+        orthonormal=False,
+        grid=_ADAMW_GRID,
+        temperature=True,
+      ),
+      Arm(
+        "B2-diag",
+        "B2 on U_h, each head U_h diag(g_h) with a learned gain g_h (init 1)",
+        "riemannian_adam",
+        rate=1.0,
+        grid=_RADAM_GRID,
+        frame_gain=True,
       ),
       Arm(
         "B2-SGD",

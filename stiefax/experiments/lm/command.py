@@ -16,6 +16,7 @@ import math
 import pathlib
 import sys
 import time
+from typing import Optional
 
 import jax
 
@@ -29,6 +30,7 @@ from stiefax.experiments.checkpoints import set_aside
 from stiefax.experiments.cli import CommandError
 from stiefax.experiments.cli import writable_dir
 from stiefax.experiments.lm import data as data_lib
+from stiefax.experiments.lm import fair
 from stiefax.experiments.lm import runs as runs_lib
 from stiefax.experiments.lm import tables
 from stiefax.experiments.lm import training
@@ -38,7 +40,7 @@ from stiefax.experiments.lm.config import SWEEP_RATES
 from stiefax.experiments.lm.config import LMConfig
 from stiefax.experiments.report import load_runs
 
-__all__ = ["add_arguments", "resolve_config", "best_rate", "Job", "run"]
+__all__ = ["add_arguments", "resolve_config", "best_rate", "best_cell", "Job", "run"]
 
 #: Arms and rate of ``stiefax lm`` with no arguments (the quick preset).
 QUICK_ARMS = ("A2", "A2-qknorm", "B2")
@@ -63,9 +65,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     " (3e-4 to 3e-1, x3 apart) with the lowest mean validation loss among the finished"
     " runs in --out (default: the preset's rate)",
   )
+  parser.add_argument(
+    "--frame-lr",
+    default=None,
+    help="the Riemannian Adam's peak rate(s) for the arms whose frames have their own rule"
+    " (frozen frames stay at 0; the others ignore it), comma-separated, or 'best': the"
+    " frame rate of B2's best cell in study 2's grid among the finished runs in --out"
+    " (default: the preset's, 1.0)",
+  )
+  parser.add_argument(
+    "--select-from",
+    choices=("sweep", "fair"),
+    default="sweep",
+    help="the cells 'best' chooses among: sweep, study 1's seven AdamW rates (3e-4 to"
+    " 3e-1) at the given frame rate; fair, study 2's grid of docs/lm.md, where B2's best"
+    " cell also fixes its frame rate (default sweep)",
+  )
+  parser.add_argument(
+    "--reuse",
+    default=None,
+    metavar="DIR",
+    help="before training a run, take a finished run of exactly the same configuration"
+    " and seed from DIR (study 2 reuses study 1's runs this way)",
+  )
   parser.add_argument("--steps", type=int, default=None, help="training steps (preset's)")
   parser.add_argument("--eval-every", type=int, default=None, help="steps between evaluations")
   parser.add_argument("--batch", type=int, default=None, help="sequences per step (preset's)")
+  parser.add_argument(
+    "--max-norm",
+    type=float,
+    default=None,
+    help="the Riemannian Adam's step cap tau: |eta|_F <= tau sqrt(r) (preset's, 0.1)",
+  )
   parser.add_argument(
     "--out", default="runs/lm", help="directory for one JSON file per run (default runs/lm)"
   )
@@ -80,14 +111,63 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--no-wait", action="store_true", help=jobs.NO_WAIT_HELP)
 
 
-def _rates(text: str) -> list[float]:
+def _rates(text: str, flag: str = "--lr") -> list[float]:
   try:
     rates = [float(s) for s in text.split(",") if s.strip()]
   except ValueError:
-    raise CommandError(f"--lr {text!r} must be comma-separated numbers or 'best'.") from None
+    raise CommandError(f"{flag} {text!r} must be comma-separated numbers or 'best'.") from None
   if not rates or any(not (math.isfinite(r) and r > 0) for r in rates):
-    raise CommandError(f"--lr {text!r}: rates must be finite and > 0.")
+    raise CommandError(f"{flag} {text!r}: rates must be finite and > 0.")
   return list(dict.fromkeys(rates))
+
+
+def _is_best(text) -> bool:
+  return text is not None and text.strip().lower() == "best"
+
+
+def _own_frame_rate(arm: str) -> bool:
+  """Whether ``--frame-lr`` reaches ``arm``: a frame rule of its own, not frozen."""
+  return ARMS[arm].apart and ARMS[arm].rate != 0.0
+
+
+def _setting_runs(
+  out: pathlib.Path, arm: str, config: LMConfig, facts: dict, preset: str
+) -> list[dict]:
+  """The finished runs of ``arm`` in ``out`` whose configuration is ``config``'s but
+  for the AdamW and frame rates."""
+  groups, _ = load_runs(out) if out.is_dir() else ({}, [])
+  ref = runs_lib.run_config(ARMS[arm], config, facts, preset)
+  same = lambda c: {k: v for k, v in c.items() if k not in ("adamw_lr", "frame_lr")}
+  return [r for r in groups.get("lm", []) if r["arm"] == arm and same(r["config"]) == same(ref)]
+
+
+def best_cell(
+  out: pathlib.Path,
+  arm: str,
+  config: LMConfig,
+  facts: dict,
+  preset: str,
+  frame_best: Optional[float] = None,
+) -> tuple[float, float]:
+  """``(AdamW rate, frame rate)`` of ``arm``'s best cell in study 2's grid
+  (:mod:`stiefax.experiments.lm.fair`) among the finished runs in ``out``.
+
+  Raises CommandError while a cell lacks a selection seed.
+  """
+  try:
+    wanted = fair.cells(arm, frame_best)
+  except ValueError as e:
+    raise CommandError(f"--select-from fair: {e}") from None
+  mine = _setting_runs(out, arm, config, facts, preset)
+  cell = fair.select_cell(mine, wanted)
+  if cell is None:
+    gaps = fair.missing(mine, wanted)
+    shown = ", ".join(f"lr {a:g} frame-lr {f:g} seed {s}" for (a, f), s in gaps[:4])
+    raise CommandError(
+      f"best: {arm}'s cells of study 2 in {out} are not finished ({len(gaps)} run(s) missing:"
+      f" {shown}{', ...' if len(gaps) > 4 else ''})."
+    )
+  return cell
 
 
 def resolve_config(args: argparse.Namespace) -> tuple[LMConfig, list[str], list[int]]:
@@ -104,6 +184,8 @@ def resolve_config(args: argparse.Namespace) -> tuple[LMConfig, list[str], list[
     changes["eval_every"] = args.eval_every
   if args.batch is not None:
     changes["batch"] = args.batch
+  if args.max_norm is not None:
+    changes["max_norm"] = args.max_norm
   config = dataclasses.replace(base, **changes)
   try:
     config.check()
@@ -122,10 +204,11 @@ def best_rate(out: pathlib.Path, arm: str, config: LMConfig, facts: dict, preset
 
   Raises CommandError when there are none.
   """
-  groups, _ = load_runs(out) if out.is_dir() else ({}, [])
-  ref = runs_lib.run_config(ARMS[arm], config, facts, preset)
-  same = lambda c: {k: v for k, v in c.items() if k != "adamw_lr"}
-  mine = [r for r in groups.get("lm", []) if r["arm"] == arm and same(r["config"]) == same(ref)]
+  mine = [
+    r
+    for r in _setting_runs(out, arm, config, facts, preset)
+    if r["config"]["frame_lr"] == config.frame_lr
+  ]
   have = {r["config"]["adamw_lr"] for r in mine}
   missing = [f"{lr:g}" for lr in SWEEP_RATES if lr not in have]
   if missing:
@@ -159,21 +242,42 @@ def run(args: argparse.Namespace) -> int:
     raise CommandError("--out is empty; give a directory for the run files.")
   out = writable_dir(args.out, "--out")
   facts = data_lib.load().facts
+  if args.frame_lr is not None and not _is_best(args.frame_lr):
+    frame_rates = _rates(args.frame_lr, "--frame-lr")
+  elif _is_best(args.frame_lr):
+    frame_rates = [best_cell(out, "B2", config, facts, args.preset)[1]]
+    print(f"  frame rate: {frame_rates[0]:g}, B2's best cell of study 2 in {out}", flush=True)
+  else:
+    frame_rates = [config.frame_lr]
   todo = []
   for arm in arm_names:
+    arm_frames = frame_rates if _own_frame_rate(arm) else [config.frame_lr]
+    todo_cells: list[tuple[float, float]] = []
     if args.lr is None:
-      rates = [config.adamw_lr]
-    elif args.lr.strip().lower() == "best":
-      rates = [best_rate(out, arm, config, facts, args.preset)]
-      print(f"  {arm}: best rate {rates[0]:g} by validation loss in {out}", flush=True)
+      todo_cells = [(config.adamw_lr, f) for f in arm_frames]
+    elif _is_best(args.lr) and args.select_from == "fair":
+      frame_best = frame_rates[0] if args.frame_lr is not None and len(frame_rates) == 1 else None
+      todo_cells = [best_cell(out, arm, config, facts, args.preset, frame_best)]
+      a, f = todo_cells[0]
+      print(f"  {arm}: best cell lr {a:g} frame-lr {f:g} of study 2 in {out}", flush=True)
+    elif _is_best(args.lr):
+      for f in arm_frames:
+        lr = best_rate(out, arm, dataclasses.replace(config, frame_lr=f), facts, args.preset)
+        print(f"  {arm}: best rate {lr:g} by validation loss in {out}", flush=True)
+        todo_cells.append((lr, f))
     else:
-      rates = _rates(args.lr)
-    for lr in rates:
-      c = dataclasses.replace(config, adamw_lr=lr)
+      todo_cells = [(lr, f) for f in arm_frames for lr in _rates(args.lr)]
+    for lr, f in todo_cells:
+      c = dataclasses.replace(config, adamw_lr=lr, frame_lr=f)
       cfg = runs_lib.run_config(ARMS[arm], c, facts, args.preset)
       for seed in seeds:
         path = out / runs_lib.run_name(arm, cfg, seed)
         todo.append(Job(arm, seed, path, config=c, cfg=cfg))
+  reuse = None
+  if args.reuse is not None:
+    reuse = pathlib.Path(args.reuse)
+    if not reuse.is_dir():
+      raise CommandError(f"--reuse {args.reuse}: not a directory.")
   print(
     f"stiefax lm: preset={args.preset} steps={config.steps} d={config.d_model}"
     f" depth={config.depth} heads={config.heads}/{config.kv_heads} r={config.head_dim};"
@@ -200,6 +304,8 @@ def run(args: argparse.Namespace) -> int:
         continue
       try:
         done = job.finished(repair=True)
+        if done is None and reuse is not None:
+          done = _reuse(job, reuse)
         if done is None:
           done = _train(job, every, out, progress=not args.no_progress)
         records[job.path.name] = done
@@ -218,9 +324,24 @@ def run(args: argparse.Namespace) -> int:
   return 0
 
 
+def _reuse(job: Job, source: pathlib.Path) -> Optional[dict]:
+  """Copies ``job``'s finished run from ``source`` into its place, if there is one."""
+  found, _ = store.finished_run(source / job.path.name, job.same)
+  if found is None:
+    return None
+  try:
+    store.write_json(job.path, found)
+  except OSError as e:
+    raise CommandError(f"cannot write {job.path} ({e.strerror or e}).") from None
+  print(f"  {job.path.name}: reused from {source}", flush=True)
+  return found
+
+
 def _train(job: Job, every: int, out: pathlib.Path, progress: bool) -> dict:
   arm = ARMS[job.arm]
   desc = f"{job.arm} lr={job.config.adamw_lr:g} seed {job.seed}"
+  if _own_frame_rate(job.arm) and job.config.frame_lr != LMConfig().frame_lr:
+    desc = f"{job.arm} lr={job.config.adamw_lr:g} frame-lr={job.config.frame_lr:g} seed {job.seed}"
   for attempt in (0, 1):
     ckpt = Checkpoints(job.ckpt_path)
     try:

@@ -18,7 +18,22 @@ __all__ = ["EXPERIMENT", "ARMS", "LMConfig", "PRESETS", "SWEEP_RATES", "hyper"]
 EXPERIMENT = "lm"
 
 #: The arms ``stiefax lm`` offers (the one registry's), in report order.
-ARMS = arms.select(("A2", "A2-qknorm", "A2-sigma", "frozen", "B2", "B2-qr", "B2-qknorm"))
+ARMS = arms.select(
+  (
+    "A2",
+    "A2-qknorm",
+    "A2-sigma",
+    "frozen",
+    "B2",
+    "B2-qr",
+    "B2-qknorm",
+    # Study 2 (docs/lm.md).
+    "A2-temp",
+    "B2-temp",
+    "B2-fold",
+    "B2-diag",
+  )
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,8 +25,21 @@ The attention variants of :mod:`stiefax.experiments.attention`:
            scalars ``q_gamma``, ``k_gamma`` and the power-iteration vectors in the
            ``sigma_reparam`` collection.
 
+Three options change how a head reads its frames (the arms of docs/lm.md, study 2):
+
+  temperature  the logits are ``exp(t_h) q·k / sqrt(r)`` with a learned ``t_h`` per
+               query head (``attn/temperature``, shape ``(H,)``, init 0).
+  qk_input     ``gained`` (default): W_Q, W_K read the pre-attention norm's output
+               ``x / rms(x) * (1 + s)``; ``fold``: they read ``x / rms(x)``, without the
+               gain ``1 + s``, which still scales the values' input.
+  frame_gain   each query/key head is ``U_h diag(g_h)`` with the frame ``U_h`` and a
+               learned ``g_h`` in R^r (``attn/q_gain`` ``(H r,)`` and ``attn/k_gain``
+               ``(K r,)``, init 1; vectors, so AdamW does not decay them).
+
 With the ``intermediates`` collection mutable, each attention layer sows its largest
-logit ``max |q·k| / sqrt(r)`` over unmasked pairs and its mean attention entropy.
+logit ``max |q·k| / sqrt(r)`` over unmasked pairs (after the temperature) and its mean
+attention entropy, overall and per head. :func:`logit_bounds` gives each head's
+largest possible logit from the parameters alone.
 Kernels start from a variance-scaling normal of fan-in (so a head's columns have norm
 about 1); parameters are float32.
 """
@@ -35,14 +48,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from stiefax.experiments import attention as attention_lib
 
-__all__ = ["ModelConfig", "DecoderLM", "rope"]
+__all__ = ["ModelConfig", "DecoderLM", "rope", "logit_bounds"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,14 +87,23 @@ def rope(x: jax.Array, base: float = 10_000.0) -> jax.Array:
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
+_RMS_EPS = 1e-6
+
+
 class RMSNorm(nn.Module):
-  """``x / rms(x) * (1 + scale)`` over the last axis (Gemma's), scale at 0."""
+  """``x / rms(x) * (1 + scale)`` over the last axis (Gemma's), scale at 0.
+
+  ``gain=False`` returns ``x / rms(x)`` (the same module, the same parameter, unused).
+  """
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, gain: bool = True):
     scale = self.param("scale", nn.initializers.zeros_init(), (x.shape[-1],))
     var = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
-    return x * jax.lax.rsqrt(var + 1e-6) * (1.0 + scale).reshape((1,) * (x.ndim - 1) + (-1,))
+    y = x * jax.lax.rsqrt(var + _RMS_EPS)
+    if not gain:
+      return y
+    return y * (1.0 + scale).reshape((1,) * (x.ndim - 1) + (-1,))
 
 
 def _fan_in_init(axis: int | tuple[int, ...]):
@@ -112,14 +136,20 @@ class _Weight(nn.Module):
 
 
 class Attention(nn.Module):
-  """Causal grouped-query attention with RoPE, in Gemma's layout (module docstring)."""
+  """Causal grouped-query attention with RoPE, in Gemma's layout (module docstring).
+
+  ``x`` feeds the values; ``x_qk`` (default ``x``) feeds the queries and keys.
+  """
 
   config: ModelConfig
   attention: str = "plain"
+  temperature: bool = False
+  frame_gain: bool = False
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, x_qk=None):
     c = self.config
+    x_qk = x if x_qk is None else x_qk
     d, h, k, r = x.shape[-1], c.heads, c.kv_heads, c.head_dim
     wq = _Weight((h, d, r), in_axis=1, name="q_einsum")()
     wkv = _Weight((2, k, d, r), in_axis=2, name="kv_einsum")()
@@ -127,9 +157,12 @@ class Attention(nn.Module):
     if self.attention == "sigma":
       wq = wq * _reparam(self, "q", jnp.transpose(wq, (1, 0, 2)).reshape(d, h * r))
       wk = wk * _reparam(self, "k", jnp.transpose(wk, (1, 0, 2)).reshape(d, k * r))
-    q = jnp.einsum("btd,ndr->btnr", x, wq)
-    key = jnp.einsum("btd,ndr->btnr", x, wk)
+    q = jnp.einsum("btd,ndr->btnr", x_qk, wq)
+    key = jnp.einsum("btd,ndr->btnr", x_qk, wk)
     v = jnp.einsum("btd,ndr->btnr", x, wkv[1])
+    if self.frame_gain:  # W_h = U_h diag(g_h): q_h = g_h * (U_h^T x)
+      q = q * self.param("q_gain", nn.initializers.ones_init(), (h * r,)).reshape(1, 1, h, r)
+      key = key * self.param("k_gain", nn.initializers.ones_init(), (k * r,)).reshape(1, 1, k, r)
     if self.attention == "qknorm":
       q = nn.LayerNorm(use_bias=False, name="query_ln")(q)
       key = nn.LayerNorm(use_bias=False, name="key_ln")(key)
@@ -137,13 +170,19 @@ class Attention(nn.Module):
     key, v = jnp.repeat(key, h // k, axis=2), jnp.repeat(v, h // k, axis=2)
     t = x.shape[1]
     logits = jnp.einsum("btnr,bsnr->bnts", q, key) / math.sqrt(r)
+    if self.temperature:
+      temp = self.param("temperature", nn.initializers.zeros_init(), (h,))
+      logits = logits * jnp.exp(temp).astype(logits.dtype)[None, :, None, None]
     causal = jnp.tril(jnp.ones((t, t), bool))[None, None]
     masked = jnp.where(causal, logits, jnp.finfo(logits.dtype).min)
     weights = jax.nn.softmax(masked, axis=-1)
     if self.is_mutable_collection("intermediates"):
-      self.sow("intermediates", "max_logit", jnp.max(jnp.where(causal, jnp.abs(logits), 0.0)))
+      head_max = jnp.max(jnp.where(causal, jnp.abs(logits), 0.0), axis=(0, 2, 3))
+      self.sow("intermediates", "max_logit", jnp.max(head_max))
+      self.sow("intermediates", "head_max_logit", head_max)
       ent = -jnp.sum(jnp.where(causal, weights * jnp.log(jnp.maximum(weights, 1e-30)), 0.0), -1)
       self.sow("intermediates", "entropy", jnp.mean(ent))
+      self.sow("intermediates", "head_entropy", jnp.mean(ent, axis=(0, 2)))
     out = jnp.einsum("bnts,bsnr->btnr", weights, v)
     wo = _Weight((h, r, d), in_axis=(0, 1), name="attn_vec_einsum")()
     return jnp.einsum("btnr,nrd->btd", out, wo)
@@ -154,11 +193,18 @@ class Block(nn.Module):
 
   config: ModelConfig
   attention: str = "plain"
+  temperature: bool = False
+  qk_input: str = "gained"
+  frame_gain: bool = False
 
   @nn.compact
   def __call__(self, x):
     c = self.config
-    x = x + Attention(c, self.attention, name="attn")(RMSNorm(name="pre_attention_norm")(x))
+    norm = RMSNorm(name="pre_attention_norm")
+    y = norm(x)
+    y_qk = norm(x, gain=False) if self.qk_input == "fold" else None
+    attn = Attention(c, self.attention, self.temperature, self.frame_gain, name="attn")
+    x = x + attn(y, y_qk)
     y = RMSNorm(name="pre_ffw_norm")(x)
     gate_up = _Weight((2, c.d_model, c.mlp_dim), in_axis=-2, name="gating_einsum")()
     gate, up = jnp.einsum("btd,cdf->cbtf", y, gate_up)
@@ -171,6 +217,9 @@ class DecoderLM(nn.Module):
 
   config: ModelConfig
   attention: str = "plain"
+  temperature: bool = False
+  qk_input: str = "gained"
+  frame_gain: bool = False
 
   @nn.compact
   def __call__(self, tokens):
@@ -180,6 +229,48 @@ class DecoderLM(nn.Module):
     )
     x = embed[tokens] * math.sqrt(c.d_model)
     for i in range(c.depth):
-      x = Block(c, self.attention, name=f"layer_{i}")(x)
+      x = Block(
+        c, self.attention, self.temperature, self.qk_input, self.frame_gain, name=f"layer_{i}"
+      )(x)
     x = RMSNorm(name="final_norm")(x)
     return jnp.einsum("btd,vd->btv", x, embed)
+
+
+def logit_bounds(params: Any, config: ModelConfig, qk_input: str = "gained") -> np.ndarray:
+  """Each head's largest possible logit ``|l_h| <= B_h``, from the parameters alone.
+
+  ``params`` is the decoder's ``"params"`` tree (plain attention: no QK-norm, no
+  σReparam). The input of W_Q, W_K has norm at most ``sqrt(d) rho`` per token, with
+  ``rho = 1`` for ``fold`` (``|x / sqrt(mean(x^2) + eps)| < sqrt(d)``) and
+  ``rho = max_i |1 + s_i|`` for ``gained``; RoPE is a rotation; so with ``sigma(.)`` the
+  largest singular value of a head's effective ``(d, r)`` map (``U_h diag(g_h)`` with a
+  frame gain) and ``k(h)`` the key head that query head ``h`` reads::
+
+      B_h = exp(t_h) * d * rho^2 * sigma(W_Q,h) * sigma(W_K,k(h)) / sqrt(r)
+
+  For orthonormal frames without gains, ``sigma = 1`` and ``B_h = exp(t_h) d / sqrt(r)``
+  (``fold``). Computed in float64 NumPy (the SVD stays out of compiled programs).
+
+  Returns:
+    An array ``(depth, heads)``.
+  """
+  c = config
+  group = c.heads // c.kv_heads
+  out = np.zeros((c.depth, c.heads))
+  for i in range(c.depth):
+    layer = params[f"layer_{i}"]
+    attn = layer["attn"]
+    wq = np.asarray(attn["q_einsum"]["w"], np.float64)  # (H, d, r)
+    wk = np.asarray(attn["kv_einsum"]["w"], np.float64)[0]  # (K, d, r)
+    if "q_gain" in attn:
+      wq = wq * np.asarray(attn["q_gain"], np.float64).reshape(c.heads, 1, c.head_dim)
+      wk = wk * np.asarray(attn["k_gain"], np.float64).reshape(c.kv_heads, 1, c.head_dim)
+    sq = np.linalg.svd(wq, compute_uv=False)[:, 0]
+    sk = np.linalg.svd(wk, compute_uv=False)[:, 0]
+    if qk_input == "fold":
+      rho = 1.0
+    else:
+      rho = float(np.max(np.abs(1.0 + np.asarray(layer["pre_attention_norm"]["scale"]))))
+    temp = np.exp(np.asarray(attn.get("temperature", np.zeros(c.heads)), np.float64))
+    out[i] = temp * c.d_model * rho**2 * sq * np.repeat(sk, group) / math.sqrt(c.head_dim)
+  return out

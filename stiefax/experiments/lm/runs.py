@@ -19,12 +19,19 @@ from stiefax.experiments.arms import Arm
 from stiefax.experiments.lm.config import PRESETS
 from stiefax.experiments.lm.config import LMConfig
 
+#: The frame rate of every preset (study 1's).
+_DEFAULT_FRAME_RATE = LMConfig().frame_lr
+
 __all__ = ["arm_definition", "run_config", "run_identity", "run_name", "run_key", "run_command"]
 
 
 def arm_definition(arm: Arm) -> dict:
-  """How a run records its arm: rule, options, init, attention and description."""
-  return {
+  """How a run records its arm: rule, options, init, attention and description.
+
+  The temperature, the gain-free q/k input and the per-head frame gain are recorded
+  only where an arm has them, so the runs of the arms without them keep their hashes.
+  """
+  out = {
     "description": arm.description,
     "rule": arm.frames,
     "options": dict(arm.options),
@@ -32,6 +39,13 @@ def arm_definition(arm: Arm) -> dict:
     "attention": arm.attention,
     "frozen": arm.rate == 0.0,
   }
+  if arm.temperature:
+    out["temperature"] = True
+  if arm.qk_input != "gained":
+    out["qk_input"] = arm.qk_input
+  if arm.frame_gain:
+    out["frame_gain"] = True
+  return out
 
 
 def run_config(arm: Arm, config: LMConfig, corpus_facts: dict, preset: str) -> dict:
@@ -50,9 +64,19 @@ def run_identity(cfg: dict) -> dict:
   return dict(cfg)
 
 
+def _own_frame_rate(cfg: dict) -> bool:
+  """Whether the run's frames move at ``frame_lr`` (a rule of their own, not frozen)."""
+  return cfg["arm"]["rule"] != "adamw" and not cfg["arm"]["frozen"]
+
+
 def run_name(arm: str, cfg: dict, seed: int) -> str:
-  """``<arm>-<preset>-lr<adamw rate>-<config hash>-s<seed>.json``."""
+  """``<arm>-<preset>-lr<adamw rate>[-flr<frame rate>]-<config hash>-s<seed>.json``.
+
+  The frame rate is named where the frames move at one other than the default 1.0.
+  """
   stem = f"{arm}-{cfg['preset']}-lr{cfg['adamw_lr']:g}"
+  if _own_frame_rate(cfg) and cfg["frame_lr"] != _DEFAULT_FRAME_RATE:
+    stem += f"-flr{cfg['frame_lr']:g}"
   return store.run_file_name(stem, run_identity(cfg), seed)
 
 
@@ -82,7 +106,9 @@ def run_command(arm: str, cfg: dict, seed: int, out: Any) -> str:
   base = dataclasses.asdict(PRESETS[preset])
   parts = ["stiefax", "lm", "--preset", preset, "--arms", arm, "--seeds", str(seed)]
   parts += ["--lr", repr(cfg["adamw_lr"])]
-  for name in ("steps", "eval_every", "batch"):
+  if cfg["frame_lr"] != base["frame_lr"]:
+    parts += ["--frame-lr", repr(cfg["frame_lr"])]
+  for name in ("steps", "eval_every", "batch", "max_norm"):
     if cfg[name] != base[name]:
       parts += [f"--{name.replace('_', '-')}", str(cfg[name])]
   parts += ["--out", shlex.quote(str(out))]

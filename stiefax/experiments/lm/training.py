@@ -3,8 +3,14 @@
 Every ``eval_every`` steps is one compiled program (``jax.lax.scan`` over the steps,
 batches gathered on the device from the seed's window positions), followed by the
 evaluation: the validation loss in bits per byte, the attention probe (largest logit
-and mean entropy over the first ``probe_windows`` validation windows) and the
-isometry error of the query/key frames. The test loss is measured once, at the end.
+and mean entropy over the first ``probe_windows`` validation windows, also per layer
+and head) and the isometry error of the query/key frames; then what the arms of study
+2 (docs/lm.md) need: each pre-attention norm's largest gain ``max |1 + s|``, the
+temperatures, each head's certified logit bound
+(:func:`stiefax.experiments.lm.model.logit_bounds`) and, for a capped scalar-moment
+Riemannian Adam, the frame step's ``|eta|_F / (tau sqrt(r))`` before the cap over the
+chunk's steps and frames (its mean, its largest value and the fraction of frame steps
+the cap shortened). The test loss is measured once, at the end.
 A run whose training loss turns non-finite stops there and is recorded as diverged.
 
 With a :class:`~stiefax.experiments.checkpoints.Checkpoints`, the run resumes
@@ -21,6 +27,7 @@ import math
 import sys
 import time
 from typing import Any
+from typing import Callable
 from typing import Optional
 
 import jax
@@ -38,9 +45,11 @@ from stiefax.experiments.lm.config import frame_rate
 from stiefax.experiments.lm.config import hyper
 from stiefax.experiments.lm.config import schedule
 from stiefax.experiments.lm.model import DecoderLM
+from stiefax.experiments.lm.model import logit_bounds
 from stiefax.experiments.progress import progress_bar
 from stiefax.experiments.stopping import Stopped
 from stiefax.experiments.stopping import StopRequest
+from stiefax.transforms import ScalarMomentState
 
 __all__ = ["Programs", "programs", "init_params", "train", "BITS"]
 
@@ -58,7 +67,7 @@ class Programs:
   tx: Any
   init: Any  # key -> variables
   opt_init: Any  # variables -> opt_state
-  chunk: Any  # (variables, opt_state, train, positions) -> (variables, opt_state, losses)
+  chunk: Any  # (variables, opt_state, train, positions) -> (variables, opt_state, per-step)
   loss: Any  # (variables, windows) -> summed loss in nats over the windows' targets
   probe: Any  # (variables, windows) -> {"max_logit", "entropy"}
   isometry: Any  # variables -> max |W^T W - I| over the query/key frames
@@ -67,9 +76,10 @@ class Programs:
 @functools.lru_cache(maxsize=16)
 def programs(arm: Arm, config: LMConfig) -> Programs:
   """The model, optimizer and jitted programs of ``arm`` at ``config``."""
-  model = DecoderLM(config.model, arm.attention)
+  model = DecoderLM(config.model, arm.attention, arm.temperature, arm.qk_input, arm.frame_gain)
   tx = optim.make_optimizer(arm, hyper(arm, config))
   seq = config.seq
+  cap_ratio = _cap_ratio_fn(arm, config)
 
   def loss_fn(variables, windows):
     logits, state = attention.apply_train(model, variables, windows[:, :-1])
@@ -83,11 +93,14 @@ def programs(arm: Arm, config: LMConfig) -> Programs:
     (loss, state), grads = jax.value_and_grad(loss_fn, has_aux=True)(variables, windows)
     updates, opt_state = tx.update(grads, opt_state, variables)
     variables = attention.with_state(optax.apply_updates(variables, updates), state)
-    return (variables, opt_state, train), loss
+    ratios = cap_ratio(opt_state) if cap_ratio is not None else jnp.zeros((1,), jnp.float32)
+    return (variables, opt_state, train), (loss, ratios)
 
   def chunk(variables, opt_state, train, positions):
-    (variables, opt_state, _), losses = jax.lax.scan(step, (variables, opt_state, train), positions)
-    return variables, opt_state, losses
+    (variables, opt_state, _), per_step = jax.lax.scan(
+      step, (variables, opt_state, train), positions
+    )
+    return variables, opt_state, per_step
 
   def summed_loss(variables, windows):
     logits = model.apply(variables, windows[:, :-1])
@@ -95,9 +108,16 @@ def programs(arm: Arm, config: LMConfig) -> Programs:
 
   def probe(variables, windows):
     _, inter = model.apply(variables, windows[:, :-1], mutable=["intermediates"])
-    maxes = [v for _, v in _sown(inter["intermediates"], "max_logit")]
-    ents = [v for _, v in _sown(inter["intermediates"], "entropy")]
-    return {"max_logit": jnp.max(jnp.stack(maxes)), "entropy": jnp.mean(jnp.stack(ents))}
+    sown = {
+      name: jnp.stack([v for _, v in _sown(inter["intermediates"], name)])
+      for name in ("max_logit", "entropy", "head_max_logit", "head_entropy")
+    }
+    return {
+      "max_logit": jnp.max(sown["max_logit"]),
+      "entropy": jnp.mean(sown["entropy"]),
+      "head_max_logit": sown["head_max_logit"],  # (depth, heads)
+      "head_entropy": sown["head_entropy"],  # (depth, heads)
+    }
 
   def init(key):
     return model.init(key, jnp.zeros((1, seq), jnp.int32))
@@ -114,6 +134,47 @@ def programs(arm: Arm, config: LMConfig) -> Programs:
       lambda v: stiefax.diagnostics.isometry_error(v, frames=stiefax.layouts.qk_frames())
     ),
   )
+
+
+def _cap_ratio_fn(arm: Arm, config: LMConfig) -> Optional[Callable[[Any], jax.Array]]:
+  """``opt_state -> |eta|_F / (tau sqrt(r))`` of every frame at the step just taken, or
+  None where the frame rule is not a capped scalar-moment Riemannian Adam.
+
+  After an update the state holds that step's count ``t``, first moment ``m`` and
+  scalar second moment ``v``; the step before the cap is ``eta = lr(t - 1) m_hat /
+  (sqrt(v_hat) + eps)`` (:func:`stiefax.geometry.adam_coefficient`), and the cap
+  shortens it exactly when the ratio exceeds 1.
+  """
+  opts = dict(arm.options)
+  peak = frame_rate(arm, config)
+  max_norm = opts.get("max_norm", config.max_norm)
+  if arm.frames != "riemannian_adam" or opts.get("moment", "scalar") != "scalar":
+    return None
+  if not peak or max_norm is None:
+    return None
+  lr = schedule(config, peak)
+  b1, b2, eps = opts.get("b1", config.b1), opts.get("b2", config.b2), opts.get("eps", config.eps)
+  frames = stiefax.layouts.qk_frames()
+  is_moment = lambda x: isinstance(x, ScalarMomentState)
+
+  def ratios(opt_state):
+    moments = [s for s in jax.tree.leaves(opt_state, is_leaf=is_moment) if is_moment(s)]
+    if len(moments) != 1:
+      raise ValueError(f"arm {arm.name}: found {len(moments)} scalar moment states, not one")
+    state = moments[0]
+    step_lr = lr(state.count - 1)
+    out = []
+    mus = jax.tree_util.tree_flatten_with_path(state.mu)[0]
+    for (path, mu), nu in zip(mus, jax.tree.leaves(state.nu)):
+      spec = stiefax.layouts.resolve_frames(frames, path, mu)
+      m = spec.to_frames(mu).astype(jnp.float32)
+      m_norm = jnp.sqrt(jnp.sum(jnp.square(m), axis=(-2, -1)))
+      coef = stiefax.geometry.adam_coefficient(nu, state.count, b1, b2, eps)
+      limit = max_norm * math.sqrt(m.shape[-1])
+      out.append((jnp.abs(step_lr * coef) * m_norm / limit).reshape(-1))
+    return jnp.concatenate(out)
+
+  return ratios
 
 
 def _sown(tree: Any, name: str, prefix: tuple = ()) -> list:
@@ -150,6 +211,43 @@ def init_params(arm: Arm, config: LMConfig, seed: int) -> Any:
   return variables
 
 
+def _study2_entries(arm: Arm, config: LMConfig, variables: Any, attn: dict, ratios: Any) -> dict:
+  """The history entries of study 2 at one evaluation (module docstring).
+
+  ``logit_bound`` is None where no bound follows from the parameters (QK-norm and
+  σReparam arms); ``temperature`` where the arm has none; the cap entries where the
+  frame rule has no cap (``ratios`` None).
+  """
+  params = variables["params"]
+  c = config.model
+  layers = [params[f"layer_{i}"] for i in range(c.depth)]
+  norm_gain = [
+    float(np.max(np.abs(1.0 + np.asarray(lay["pre_attention_norm"]["scale"])))) for lay in layers
+  ]
+  temps = None
+  if arm.temperature:
+    temps = [np.asarray(lay["attn"]["temperature"], np.float64).tolist() for lay in layers]
+  bound = None
+  if arm.attention == "plain":
+    bound = logit_bounds(params, c, arm.qk_input).tolist()
+  out = {
+    "head_max_logit": np.asarray(attn["head_max_logit"], np.float64).tolist(),
+    "head_entropy": np.asarray(attn["head_entropy"], np.float64).tolist(),
+    "norm_gain": norm_gain,
+    "temperature": temps,
+    "logit_bound": bound,
+    "cap_ratio_mean": None,
+    "cap_ratio_max": None,
+    "cap_fraction": None,
+  }
+  if ratios is not None and _cap_ratio_fn(arm, config) is not None:
+    r = np.asarray(jax.device_get(ratios), np.float64)
+    out["cap_ratio_mean"] = float(np.mean(r))
+    out["cap_ratio_max"] = float(np.max(r))
+    out["cap_fraction"] = float(np.mean(r > 1.0))
+  return out
+
+
 def _held_out_bpb(progs: Programs, variables, windows: np.ndarray) -> float:
   total = 0.0
   for s in range(0, len(windows), _EVAL_CHUNK):
@@ -166,7 +264,19 @@ _HISTORY = (
   "isometry",
   "lr_adamw",
   "chunk_time",
+  # Study 2 (docs/lm.md): per layer, or per layer and head; None where not defined.
+  "head_max_logit",
+  "head_entropy",
+  "norm_gain",
+  "temperature",
+  "logit_bound",
+  "cap_ratio_mean",
+  "cap_ratio_max",
+  "cap_fraction",
 )
+
+#: History entries that a diverged chunk records as NaN (the others as None).
+_NUMERIC = ("val_bpb", "max_logit", "entropy", "isometry", "lr_adamw")
 
 
 def train(
@@ -201,7 +311,7 @@ def train(
   hist: dict[str, list] = {k: [] for k in _HISTORY}
   lr = schedule(config, config.adamw_lr)
 
-  def evaluate(step: int, train_bpb: float, seconds: float) -> None:
+  def evaluate(step: int, train_bpb: float, seconds: float, ratios: Any = None) -> None:
     hist["chunk_time"].append(seconds)
     hist["step"].append(step)
     hist["train_bpb"].append(train_bpb)
@@ -211,6 +321,8 @@ def train(
     hist["entropy"].append(float(attn["entropy"]))
     hist["isometry"].append(float(progs.isometry(variables)))
     hist["lr_adamw"].append(float(lr(step)))
+    for k, v in _study2_entries(arm, config, variables, attn, ratios).items():
+      hist[k].append(v)
 
   step, earlier_wall, resumed_from, diverged = 0, 0.0, None, False
   latest = checkpoints.latest_epoch() if checkpoints is not None else None
@@ -222,6 +334,8 @@ def train(
         f" {meta.get('step')}, not seed {seed} at {latest}"
       )
     hist, earlier_wall, step = meta["history"], float(meta["wall_time"]), latest
+    for k in _HISTORY:  # a checkpoint written before an entry existed
+      hist.setdefault(k, [None] * len(hist["step"]))
     resumed_from = latest
     print(f"  {desc}: resuming from the checkpoint at step {latest}", file=sys.stderr)
   else:
@@ -243,7 +357,7 @@ def train(
     while step < config.steps:
       n = min(config.eval_every, config.steps - step)
       t0 = time.perf_counter()
-      variables, opt_state, losses = progs.chunk(
+      variables, opt_state, (losses, ratios) = progs.chunk(
         variables, opt_state, train_data, jnp.asarray(positions[step : step + n])
       )
       losses = np.asarray(jax.device_get(losses), np.float64)
@@ -254,11 +368,14 @@ def train(
         diverged = True
         hist["step"].append(step)
         hist["train_bpb"].append(float("nan"))
-        for k in ("val_bpb", "max_logit", "entropy", "isometry", "lr_adamw"):
-          hist[k].append(float("nan"))
+        for k in _HISTORY:
+          if k in _NUMERIC:
+            hist[k].append(float("nan"))
+          elif k not in ("step", "train_bpb", "chunk_time"):
+            hist[k].append(None)
         hist["chunk_time"].append(seconds)
         break
-      evaluate(step, float(np.mean(losses)) / BITS, seconds)
+      evaluate(step, float(np.mean(losses)) / BITS, seconds, ratios)
       bar.set_postfix(val=f"{hist['val_bpb'][-1]:.3f}", logit=f"{hist['max_logit'][-1]:.1f}")
       due = stop.requested or (checkpoint_every and step % checkpoint_every == 0)
       if checkpoints is not None and step < config.steps and due:

@@ -1,0 +1,220 @@
+"""Study 2 of ``stiefax lm``: the new arms, the frame rate, the logging and the grid."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import stiefax
+from stiefax.experiments import arms
+from stiefax.experiments import optim
+from stiefax.experiments.cli import CommandError
+from stiefax.experiments.lm import command
+from stiefax.experiments.lm import config as lm_config
+from stiefax.experiments.lm import data
+from stiefax.experiments.lm import fair
+from stiefax.experiments.lm import runs as lm_runs
+from stiefax.experiments.lm import training
+from stiefax.experiments.lm.model import DecoderLM
+from stiefax.experiments.lm.model import logit_bounds
+from stiefax.experiments.store import write_json
+
+TINY = dataclasses.replace(lm_config.PRESETS["quick"], steps=6, warmup_steps=0, eval_every=3)
+TINY = dataclasses.replace(TINY, val_windows=8, test_windows=8, probe_windows=2, seq=32)
+NEW = ("B2-temp", "B2-fold", "A2-temp", "B2-diag")
+
+
+def _params(name, seed=0):
+  return training.init_params(arms.ARMS[name], TINY, seed)["params"]
+
+
+def test_new_arms_add_only_their_parameters_and_share_the_seeds_init():
+  c = TINY.model
+  base = {"A2-temp": _params("A2"), **{n: _params("B2") for n in NEW if n != "A2-temp"}}
+  for name in NEW:
+    p = _params(name)
+    extra = {
+      jax.tree_util.keystr(k)
+      for k, _ in jax.tree_util.tree_leaves_with_path(p)
+      if "temperature" in jax.tree_util.keystr(k) or "gain" in jax.tree_util.keystr(k)
+    }
+    arm = arms.ARMS[name]
+    want = set()
+    for i in range(c.depth):
+      if arm.temperature:
+        want.add(f"['layer_{i}']['attn']['temperature']")
+      if arm.frame_gain:
+        want |= {f"['layer_{i}']['attn']['q_gain']", f"['layer_{i}']['attn']['k_gain']"}
+    assert extra == want, name
+    for i in range(c.depth):
+      attn = p[f"layer_{i}"]["attn"]
+      if arm.temperature:
+        assert attn["temperature"].shape == (c.heads,) and not attn["temperature"].any()
+      if arm.frame_gain:
+        assert attn["q_gain"].shape == (c.heads * c.head_dim,)
+        assert attn["k_gain"].shape == (c.kv_heads * c.head_dim,)
+        assert (attn["q_gain"] == 1).all() and (attn["k_gain"] == 1).all()
+    # Every other parameter is the seed's (the frames snapped the same way).
+    mine = {jax.tree_util.keystr(k): x for k, x in jax.tree_util.tree_leaves_with_path(p)}
+    theirs = {
+      jax.tree_util.keystr(k): x for k, x in jax.tree_util.tree_leaves_with_path(base[name])
+    }
+    assert set(mine) == set(theirs) | want
+    for key, x in theirs.items():
+      np.testing.assert_array_equal(mine[key], x, err_msg=f"{name} {key}")
+
+
+def test_temperatures_and_gains_are_adamw_parameters_without_decay():
+  p = _params("B2-diag")
+  labels = stiefax.layouts.qk_labels(p)
+  mask = optim.decay_mask(p)
+  for i in range(TINY.depth):
+    attn_labels, attn_mask = labels[f"layer_{i}"]["attn"], mask[f"layer_{i}"]["attn"]
+    assert attn_labels["q_gain"] != stiefax.labels.STIEFEL_LABEL
+    assert not attn_mask["q_gain"] and not attn_mask["k_gain"]
+  t = _params("B2-temp")["layer_0"]["attn"]["temperature"]
+  assert not optim.decay_mask({"t": t})["t"]
+
+
+def test_the_temperature_scales_every_logit_of_its_head():
+  c = TINY.model
+  model = DecoderLM(c, "plain", temperature=True)
+  tokens = jnp.asarray(data.windows(data.load().val, 16, 2)[:, :-1])
+  v = model.init(jax.random.key(0), tokens)
+  v2 = jax.tree_util.tree_map_with_path(
+    lambda k, x: x + jnp.log(2.0) if "temperature" in jax.tree_util.keystr(k) else x, v
+  )
+  _, a = model.apply(v, tokens, mutable=["intermediates"])
+  _, b = model.apply(v2, tokens, mutable=["intermediates"])
+  h1 = a["intermediates"]["layer_0"]["attn"]["head_max_logit"][0]
+  h2 = b["intermediates"]["layer_0"]["attn"]["head_max_logit"][0]
+  np.testing.assert_allclose(h2, 2 * h1, rtol=1e-5)  # layer 0's input is unchanged
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_fold_bound_holds_and_the_gain_in_front_breaks_it(dtype):
+  """Every logit of a fold model is within its certified bound on random inputs, with
+  large gains and temperatures; the same frames read through the gain are not."""
+  c = TINY.model
+  tokens = jax.random.randint(jax.random.key(3), (4, c.seq), 0, 256)
+  for qk_input, must_hold in (("fold", True), ("gained", False)):
+    model = DecoderLM(c, "plain", temperature=True, qk_input=qk_input)
+    v = model.init(jax.random.key(1), tokens)
+    v = stiefax.flax.project_params(v, frames=stiefax.layouts.qk_frames())
+    # Align each query head with its key head so logits approach the bound, then add
+    # a large gain (which fold must ignore) and temperatures of either sign.
+    params = jax.tree.map(lambda x: x, v["params"])
+    for i in range(c.depth):
+      attn = params[f"layer_{i}"]["attn"]
+      keys = attn["kv_einsum"]["w"][0]
+      attn["q_einsum"]["w"] = jnp.repeat(keys, c.heads // c.kv_heads, axis=0)
+      attn["temperature"] = jnp.linspace(-1.0, 1.5, c.heads)
+      params[f"layer_{i}"]["pre_attention_norm"]["scale"] = jnp.full((c.d_model,), 2.0)
+    cast = jax.tree.map(lambda x: x.astype(dtype), params)
+    _, inter = model.apply({"params": cast}, tokens, mutable=["intermediates"])
+    seen = np.stack(
+      [
+        np.asarray(inter["intermediates"][f"layer_{i}"]["attn"]["head_max_logit"][0], np.float64)
+        for i in range(c.depth)
+      ]
+    )
+    fold_bound = logit_bounds(params, c, "fold")
+    slack = 1.0 + (2e-2 if dtype == jnp.bfloat16 else 1e-5)  # the logits' own rounding
+    if must_hold:
+      assert (seen <= fold_bound * slack).all()
+      assert seen.max() > 0.3 * fold_bound.max()  # the check is not vacuous
+    else:
+      assert (seen > fold_bound * slack).any()
+      assert (seen <= logit_bounds(params, c, "gained") * slack).all()
+
+
+def test_frame_rate_reaches_only_arms_with_their_own_rule(tmp_path):
+  parser = __import__("argparse").ArgumentParser()
+  command.add_arguments(parser)
+  facts = data.load().facts
+  config = dataclasses.replace(lm_config.PRESETS["quick"], frame_lr=0.3)
+  for name, own in (("B2", True), ("B2-fold", True), ("A2-temp", False), ("frozen", False)):
+    assert command._own_frame_rate(name) is own
+    cfg = lm_runs.run_config(arms.ARMS[name], config, facts, "quick")
+    assert ("-flr0.3-" in lm_runs.run_name(name, cfg, 0)) is own
+    assert "--frame-lr 0.3" in lm_runs.run_command(name, cfg, 0, tmp_path)
+  # Study 1's file names and hashes do not change (no frame rate in the stem at 1.0).
+  cfg = lm_runs.run_config(arms.ARMS["B2"], lm_config.PRESETS["sweep"], facts, "sweep")
+  assert "flr" not in lm_runs.run_name("B2", cfg, 0)
+  assert "--frame-lr" not in lm_runs.run_command("B2", cfg, 0, tmp_path)
+
+
+def test_the_cap_ratio_is_the_first_steps_rate_over_the_cap():
+  """At step 1, m_hat = xi and v_hat = |xi|^2: |eta| = lr (eps aside), so the logged
+  ratio is lr / (tau sqrt(r)) for every frame."""
+  config = dataclasses.replace(TINY, frame_lr=0.2, max_norm=0.1)
+  arm = arms.ARMS["B2-fold"]
+  progs = training.programs(arm, config)
+  variables = training.init_params(arm, config, 0)
+  opt_state = progs.opt_init(variables)
+  train = jnp.asarray(data.load().train[:20_000])
+  positions = jnp.asarray(data.train_positions(20_000, config.seq, 1, config.batch, 0))
+  _, _, (_, ratios) = progs.chunk(variables, opt_state, train, positions)
+  frames = config.depth * (config.heads + config.kv_heads)
+  assert ratios.shape == (1, frames)
+  np.testing.assert_allclose(ratios, 0.2 / (0.1 * np.sqrt(config.head_dim)), rtol=1e-4)
+  assert training._cap_ratio_fn(arms.ARMS["A2-temp"], config) is None
+  assert training._cap_ratio_fn(arms.ARMS["frozen"], config) is None
+
+
+def test_a_short_run_logs_study_twos_entries_and_keeps_frames_orthonormal():
+  r = training.train(arms.ARMS["B2-fold"], TINY, 0, progress=False)
+  h, c = r["history"], TINY.model
+  assert not r["metrics"]["diverged"] and max(h["isometry"]) < 1e-5
+  assert len(h["step"]) == 3 and h["cap_ratio_mean"][0] is None
+  for k in ("head_max_logit", "head_entropy", "temperature", "logit_bound"):
+    assert np.asarray(h[k][-1]).shape == (c.depth, c.heads), k
+  assert len(h["norm_gain"][-1]) == c.depth
+  assert 0 <= h["cap_fraction"][-1] <= 1 and h["cap_ratio_max"][-1] >= h["cap_ratio_mean"][-1]
+  for seen, bound in zip(h["head_max_logit"], h["logit_bound"]):
+    assert (np.asarray(seen) <= np.asarray(bound)).all()
+  np.testing.assert_allclose(
+    h["logit_bound"][-1],
+    c.d_model / np.sqrt(c.head_dim) * np.exp(np.asarray(h["temperature"][-1])),
+    rtol=1e-4,
+  )
+
+
+def _record(tmp_path, arm, lr, frame, seed, val, config=None):
+  config = config or lm_config.PRESETS["sweep"]
+  facts = data.load().facts
+  c = dataclasses.replace(config, adamw_lr=lr, frame_lr=frame)
+  cfg = lm_runs.run_config(arms.ARMS[arm], c, facts, "sweep")
+  rec = {
+    "experiment": "lm",
+    "arm": arm,
+    "seed": seed,
+    "config": cfg,
+    "metrics": {"val_bpb": val, "test_bpb": val, "init_val_bpb": 8.0, "diverged": False},
+  }
+  write_json(tmp_path / lm_runs.run_name(arm, cfg, seed), rec)
+
+
+def test_the_best_cell_needs_both_selection_seeds_of_every_cell(tmp_path):
+  config, facts = lm_config.PRESETS["sweep"], data.load().facts
+  loss = {(3e-3, 0.1): 2.0, (1e-2, 0.1): 1.9, (3e-3, 0.3): 1.85, (1e-2, 0.3): 1.9}
+  loss |= {(3e-3, 1.0): 1.95, (1e-2, 1.0): 1.83}
+  for (a, f), v in loss.items():
+    _record(tmp_path, "B2", a, f, 0, v)
+  with pytest.raises(CommandError, match="not finished"):
+    command.best_cell(tmp_path, "B2", config, facts, "sweep")
+  for (a, f), v in loss.items():
+    _record(tmp_path, "B2", a, f, 1, v + (0.05 if (a, f) == (1e-2, 1.0) else 0.0))
+  # (1e-2, 1.0) leads on seed 0 alone; over both seeds (3e-3, 0.3) does.
+  assert command.best_cell(tmp_path, "B2", config, facts, "sweep") == (3e-3, 0.3)
+  for s in range(2, 6):  # later seeds at another cell never move the choice
+    _record(tmp_path, "B2", 1e-2, 1.0, s, 1.0)
+  assert command.best_cell(tmp_path, "B2", config, facts, "sweep") == (3e-3, 0.3)
+  # E2's arms are chosen at E1's best frame rate only.
+  assert fair.cells("B2-fold", 0.3) == [(a, 0.3) for a in fair.E2_ADAMW_RATES]
+  with pytest.raises(ValueError, match="frame_best"):
+    fair.cells("B2-fold")
+  with pytest.raises(ValueError, match="not in study 2"):
+    fair.cells("A2-sigma")
