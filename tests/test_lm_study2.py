@@ -218,3 +218,67 @@ def test_the_best_cell_needs_both_selection_seeds_of_every_cell(tmp_path):
     fair.cells("B2-fold")
   with pytest.raises(ValueError, match="not in study 2"):
     fair.cells("A2-sigma")
+
+
+def test_the_report_of_a_whole_study_two(tmp_path):
+  """A synthetic study 2 (every cell, seeds 0-1, then 0-5 at the best cells): the
+  report picks the protocol's cells, pairs six seeds and checks the bound."""
+  from stiefax.experiments import report as report_lib
+  from stiefax.experiments.lm import tables
+
+  rng = np.random.default_rng(0)
+  cfg = lm_config.PRESETS["sweep"]
+  facts = data.load().facts
+  target = {"B2": (3e-3, 0.3), "A2": (5.5e-3, 1.0), "A2-qknorm": (1e-2, 1.0)}
+  target |= {a: (1e-2, 0.3) for a in fair.E2_ARMS} | {"A2-temp": (3e-3, 1.0)}
+  offset = {"A2": 0.0, "A2-qknorm": -0.03, "B2": 0.01, "B2-fold": -0.04}
+
+  def write(arm, cell, seed):
+    c = dataclasses.replace(cfg, adamw_lr=cell[0], frame_lr=cell[1])
+    rc = lm_runs.run_config(arms.ARMS[arm], c, facts, "sweep")
+    dist = abs(np.log(cell[0] / target[arm][0])) + abs(np.log(cell[1] / target[arm][1]))
+    val = 1.8 + offset.get(arm, 0.02) + 0.01 * dist + 0.002 * rng.standard_normal()
+    bound = [[32.0] * 8] * 2
+    seen = [[20.0] * 8] * 2 if arm != "B2-temp" else [[40.0] * 8] * 2
+    rec = {
+      "experiment": "lm",
+      "arm": arm,
+      "seed": seed,
+      "config": rc,
+      "metrics": {
+        "val_bpb": val,
+        "test_bpb": val + 0.01,
+        "init_val_bpb": 8.0,
+        "diverged": False,
+        "max_logit_max": 20.0,
+        "entropy": 1.5,
+        "isometry": 1e-7,
+      },
+      "history": {"head_max_logit": [seen], "logit_bound": [bound], "cap_fraction": [0.25]},
+    }
+    write_json(tmp_path / lm_runs.run_name(arm, rc, seed), rec)
+
+  grid = {a: fair.cells(a, 0.3) for a in ("B2", "A2", "A2-temp", *fair.E2_ARMS)}
+  grid["A2-qknorm"] = [(a, 1.0) for a in lm_config.SWEEP_RATES]
+  for arm, cs in grid.items():
+    for cell in cs:
+      for s in (0, 1):
+        write(arm, cell, s)
+    for s in range(2, 6):
+      write(arm, target[arm], s)
+  for s in range(2, 6):
+    write("B2", (1e-2, 1.0), s)
+  groups, warnings = report_lib.load_runs(tmp_path)
+  assert warnings == []
+  assert fair.best_cells(groups["lm"]) == target
+  text = tables.report(groups["lm"], None)
+  assert "study 2, E1 (the frame step)" in text and "B2, frame rate 0.3" in text
+  best_table = text.split("each arm at its best cell")[1].split("\n\n")[0]
+  rows = {ln.split()[0]: ln for ln in best_table.splitlines()[3:-1]}
+  assert "0.003 / 0.3" in rows["B2"] and rows["A2"].split()[1] == "0.0055"
+  assert rows["B2-fold"].split()[-1] == "0.62" and rows["B2-temp"].split()[-1] == "1.25"
+  assert "(6)" in rows["B2-fold"] and "better" in rows["B2-fold"]
+  assert "B2 - B2@study1" in text and "B2-fold - B2-temp" in text
+  assert text.count("A2-temp - A2 ") == 1
+  budget = text.split("tuning budget")[1].split("\n\n")[0]
+  assert "A2         9" in budget and "B2         6" in budget

@@ -27,7 +27,10 @@ from typing import Sequence
 
 import numpy as np
 
+from stiefax.experiments import stats
 from stiefax.experiments.lm.config import SWEEP_RATES
+from stiefax.experiments.report import num
+from stiefax.experiments.report import table
 
 __all__ = [
   "SELECTION_SEEDS",
@@ -40,6 +43,12 @@ __all__ = [
   "cells",
   "cell_of",
   "select_cell",
+  "missing",
+  "NEW_ARMS",
+  "CONTRASTS",
+  "is_study2",
+  "best_cells",
+  "report",
 ]
 
 Cell = tuple[float, float]  # (AdamW peak rate, frame peak rate)
@@ -116,3 +125,248 @@ def select_cell(runs: Iterable[dict], wanted: Sequence[Cell]) -> Optional[Cell]:
   by = {(cell_of(r), r["seed"]): r for r in runs}
   means = {c: float(np.mean([_val(by[(c, s)]) for s in SELECTION_SEEDS])) for c in wanted}
   return min(means, key=lambda c: (means[c], c))
+
+
+# ----------------------------------------------------------------------------------
+# The report of study 2 (``stiefax report results/lm-fair``).
+# ----------------------------------------------------------------------------------
+
+#: Arms that exist only in study 2; a setting with one of them, or with a frame rate
+#: other than 1.0, is reported by :func:`report`.
+NEW_ARMS = ("B2-temp", "B2-fold", "A2-temp", "B2-diag")
+
+#: The paired contrasts (b, a) of the protocol beside each arm against A2 and
+#: A2-qknorm; ``"B2@study1"`` is study 1's B2 cell (AdamW 1e-2, frame 1.0).
+CONTRASTS = (
+  ("B2", "B2@study1"),
+  ("B2-temp", "B2"),
+  ("B2-fold", "B2-temp"),
+  ("A2-temp", "A2"),
+  ("B2-diag", "B2"),
+  ("B2-qknorm", "B2"),
+)
+
+_STUDY1_B2 = (1e-2, 1.0)
+
+
+def _own(run: dict) -> bool:
+  return run["config"]["arm"]["rule"] != "adamw" and not run["config"]["arm"]["frozen"]
+
+
+def is_study2(runs: Sequence[dict]) -> bool:
+  """Whether a setting's runs hold study 2's arms or frame rates."""
+  return any(
+    r["arm"] in NEW_ARMS or (_own(r) and float(r["config"]["frame_lr"]) != 1.0) for r in runs
+  )
+
+
+def _test(run: dict) -> float:
+  m = run["metrics"]
+  init, v = m["init_val_bpb"], m.get("test_bpb")
+  if m["diverged"] or v is None or not math.isfinite(v):
+    return init
+  return min(v, init)
+
+
+def _by_arm(runs: Sequence[dict]) -> dict:
+  out: dict = {}
+  for r in runs:
+    out.setdefault(r["arm"], {})[(cell_of(r), r["seed"])] = r
+  return out
+
+
+def _cell_mean(arm_runs: dict, cell: Cell) -> Optional[float]:
+  vals = [_val(arm_runs[(cell, s)]) for s in SELECTION_SEEDS if (cell, s) in arm_runs]
+  return float(np.mean(vals)) if len(vals) == len(SELECTION_SEEDS) else None
+
+
+def _mean_cap(arm_runs: dict, cell: Cell) -> Optional[float]:
+  fr = []
+  for s in SELECTION_SEEDS:
+    r = arm_runs.get((cell, s))
+    vals = [] if r is None else [v for v in r["history"].get("cap_fraction", []) if v is not None]
+    if vals:
+      fr.append(float(np.mean(vals)))
+  return float(np.mean(fr)) if fr else None
+
+
+def best_cells(runs: Sequence[dict]) -> dict:
+  """``{arm: cell}``: each arm's best cell under the protocol, where it can be chosen."""
+  by = _by_arm(runs)
+  out: dict = {}
+  if "B2" in by:
+    c = select_cell(by["B2"].values(), cells("B2"))
+    if c is not None:
+      out["B2"] = c
+  for arm in by:
+    if arm == "B2":
+      continue
+    try:
+      wanted = cells(arm, out["B2"][1] if "B2" in out else None)
+    except ValueError:
+      wanted = None
+    if wanted is None:  # A2-qknorm (study 1's sweep) or an E2 arm before E1 is done
+      if arm == "A2-qknorm":
+        wanted = [(a, _UNUSED_FRAME_RATE) for a in SWEEP_RATES]
+      else:
+        continue
+    c = select_cell(by[arm].values(), wanted)
+    if c is not None:
+      out[arm] = c
+  return out
+
+
+def _seeds_at(arm_runs: dict, cell: Cell) -> dict:
+  return {s: r for (c, s), r in arm_runs.items() if c == cell}
+
+
+def _grid_tables(by: dict, best: dict) -> list[str]:
+  lines: list[str] = []
+  if "B2" in by:
+    rows = []
+    for f in E1_FRAME_RATES:
+      cells_ = [_cell_mean(by["B2"], (a, f)) for a in E1_ADAMW_RATES]
+      caps = [_mean_cap(by["B2"], (a, f)) for a in E1_ADAMW_RATES]
+      rows.append(
+        [f"B2, frame rate {f:g}"] + [num(x, ".3f") for x in cells_] + [num(x, ".2f") for x in caps]
+      )
+    head = [f"AdamW {a:g}" for a in E1_ADAMW_RATES]
+    lines += [
+      "study 2, E1 (the frame step): final validation loss, bits per byte (mean over"
+      " seeds 0-1), and the fraction of frame steps the cap shortened",
+      table(["cell", *head, *(f"cap binds, {a:g}" for a in E1_ADAMW_RATES)], rows),
+      "",
+    ]
+  rate_rows = []
+  for arm in ("A2", "A2-qknorm", "A2-temp", *E2_ARMS):
+    if arm not in by:
+      continue
+    frames = sorted({c[1] for c, _ in by[arm]})
+    for f in frames:
+      rates = sorted({c[0] for c, _ in by[arm] if c[1] == f})
+      label = arm if f == _UNUSED_FRAME_RATE and arm.startswith("A2") else f"{arm}, frame {f:g}"
+      cells_ = ", ".join(f"{a:g}: {num(_cell_mean(by[arm], (a, f)), '.3f')}" for a in rates)
+      rate_rows.append([label, cells_])
+  if rate_rows:
+    lines += [
+      "study 2: final validation loss per AdamW rate, bits per byte (mean over seeds 0-1;"
+      " '-': a seed is missing)",
+      table(["arm", "rate: loss"], rate_rows),
+      "",
+    ]
+  budget = []
+  for arm, c in best.items():
+    tried = sorted({cell for cell, s in by[arm] if s in SELECTION_SEEDS})
+    budget.append([arm, str(len(tried)), f"AdamW {c[0]:g}, frame {c[1]:g}"])
+  if budget:
+    lines += [
+      "tuning budget: the cells each arm was given (seeds 0-1) and its best",
+      table(["arm", "cells", "best cell"], budget),
+      "",
+    ]
+  return lines
+
+
+def _verdict_words(p: stats.Paired) -> str:
+  return {"b > a": "worse", "b < a": "better"}.get(p.verdict, p.verdict)
+
+
+def _pair_cells(a: dict, b: dict) -> list[str]:
+  common = sorted(set(a) & set(b))
+  if len(common) < 2:
+    return ["-", "-", "-", "-"]
+  p = stats.paired([_test(a[s]) for s in common], [_test(b[s]) for s in common])
+  return [
+    f"{p.mean:+.4f} ({len(common)})",
+    f"[{p.t_low:+.4f}, {p.t_high:+.4f}]",
+    f"[{p.ci_low:+.4f}, {p.ci_high:+.4f}]",
+    _verdict_words(p),
+  ]
+
+
+def _bound_ratio(rs: Sequence[dict]) -> Optional[float]:
+  """The largest logit seen over its certified bound, over evaluations and heads."""
+  worst = None
+  for r in rs:
+    h = r["history"]
+    for seen, bound in zip(h.get("head_max_logit", []), h.get("logit_bound", [])):
+      if seen is None or bound is None:
+        continue
+      ratio = float(np.max(np.asarray(seen) / np.asarray(bound)))
+      worst = ratio if worst is None else max(worst, ratio)
+  return worst
+
+
+def _best_tables(by: dict, best: dict) -> list[str]:
+  chosen = {arm: _seeds_at(by[arm], c) for arm, c in best.items()}
+  if "B2" in by and _seeds_at(by["B2"], _STUDY1_B2):
+    chosen["B2@study1"] = _seeds_at(by["B2"], _STUDY1_B2)
+  if not chosen:
+    return []
+  rows = []
+  for arm, seeds in chosen.items():
+    test = {s: _test(r) for s, r in seeds.items()}
+    mean, std = stats.summarize(list(test.values()))
+    rs = list(seeds.values())
+    m = [r["metrics"] for r in rs]
+    a = {s: r for s, r in chosen.get("A2", {}).items()}
+    q = {s: r for s, r in chosen.get("A2-qknorm", {}).items()}
+    vs_a = _pair_cells(a, seeds) if arm != "A2" else ["-"] * 4
+    vs_q = _pair_cells(q, seeds) if arm != "A2-qknorm" else ["-"] * 4
+    cell = best.get(arm, _STUDY1_B2)
+    rows.append(
+      [
+        arm,
+        f"{cell[0]:g}" + ("" if not arm.startswith("B2") else f" / {cell[1]:g}"),
+        str(len(rs)),
+        f"{mean:.4f} ± {std:.4f}",
+        vs_a[0],
+        vs_a[3],
+        vs_q[0],
+        vs_q[3],
+        f"{np.nanmean([x['max_logit_max'] for x in m]):.1f}",
+        num(_bound_ratio(rs), ".2f"),
+      ]
+    )
+  lines = [
+    "study 2, each arm at its best cell: test loss, bits per byte (paired by seed;"
+    " Δ = arm - A2 or arm - A2-qknorm, negative is better; (n) paired seeds)",
+    table(
+      [
+        "arm",
+        "lr / frame",
+        "seeds",
+        "test bpb",
+        "Δ vs A2",
+        "verdict",
+        "Δ vs A2-qknorm",
+        "verdict",
+        "max logit",
+        "logit / bound",
+      ],
+      rows,
+    ),
+    f"  verdict: both 95% intervals agree, on >= {stats.MIN_SEEDS} paired seeds; otherwise"
+    " not settled. logit / bound: the largest logit seen over the head's certified bound"
+    " (every evaluation and head; '-' where no bound applies).",
+    "",
+  ]
+  crow = []
+  pairs = (*((arm, "A2") for arm in chosen if arm != "A2"), *CONTRASTS)
+  for b, a in dict.fromkeys(pairs):
+    if a in chosen and b in chosen:
+      crow.append([f"{b} - {a}", *_pair_cells(chosen[a], chosen[b])])
+  if crow:
+    lines += [
+      "study 2, contrasts: test loss Δ = b - a, bits per byte ((n) paired seeds)",
+      table(["b - a", "Δ (n)", "t 95% CI", "bootstrap 95% CI", "verdict"], crow),
+      "",
+    ]
+  return lines
+
+
+def report(runs: Sequence[dict]) -> list[str]:
+  """The tables of study 2 for one setting's runs (docs/lm.md, "Study 2")."""
+  by = _by_arm(runs)
+  best = best_cells(runs)
+  return _grid_tables(by, best) + _best_tables(by, best)

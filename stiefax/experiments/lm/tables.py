@@ -30,13 +30,14 @@ import numpy as np
 
 from stiefax.experiments import report as report_lib
 from stiefax.experiments import stats
+from stiefax.experiments.lm import fair
 from stiefax.experiments.lm.config import ARMS
 from stiefax.experiments.report import num
 from stiefax.experiments.report import table
 
 __all__ = ["report", "summary", "loss_of", "select_rate", "sensitivity"]
 
-_ARM_FIELDS = ("adamw_lr", "arm")
+_ARM_FIELDS = ("adamw_lr", "arm", "frame_lr")
 
 
 def loss_of(run: dict, key: str = "val_bpb") -> float:
@@ -79,6 +80,11 @@ def sensitivity(runs: Sequence[dict]) -> float:
 
 def _group_key(cfg: dict) -> str:
   return json.dumps({k: v for k, v in cfg.items() if k not in _ARM_FIELDS}, sort_keys=True)
+
+
+def _study1_runs(runs: Sequence[dict]) -> list[dict]:
+  """The runs of study 1's arms at study 1's frame rate (the sweep tables' runs)."""
+  return [r for r in runs if r["arm"] not in fair.NEW_ARMS and r["config"]["frame_lr"] == 1.0]
 
 
 def _title(cfg: dict) -> str:
@@ -334,9 +340,14 @@ def report(runs: list[dict], out_dir: Optional[pathlib.Path]) -> str:
     groups.setdefault(_group_key(r["config"]), []).append(r)
   lines: list[str] = []
   for gi, (_, group) in enumerate(sorted(groups.items())):
-    by_arm = _arms(group)
+    study2 = fair.is_study2(group)
+    by_arm = _arms(_study1_runs(group) if study2 else group)
     lines.append(_title(group[0]["config"]))
     lines.append("")
+    if study2:
+      lines += fair.report(group)
+      lines.append("study 1's arms at study 1's frame rate, as study 1 reports them:")
+      lines.append("")
     lines += _sweep_tables(by_arm)
     best, chosen = _best_table(by_arm)
     lines += best
