@@ -1,4 +1,4 @@
-"""Flax integration: the orthonormal initializer, projection and the soft penalty.
+"""Flax integration: the orthonormal initializer, projection, the soft penalty and QK-norm.
 
 Flax linen ``MultiHeadDotProductAttention`` and ``nnx.MultiHeadAttention`` keep the
 query and key projections at paths ending in ``query/kernel`` and ``key/kernel`` with
@@ -19,6 +19,8 @@ from typing import Any
 from typing import Callable
 
 import chex
+from flax import nnx
+import flax.linen as linen
 import jax
 import jax.numpy as jnp
 
@@ -36,6 +38,8 @@ __all__ = [
   "orthonormal_init",
   "project_params",
   "orthogonality_penalty",
+  "QKNorm",
+  "NnxQKNorm",
 ]
 
 
@@ -188,3 +192,116 @@ def orthogonality_penalty(
 
   terms = jax.tree.leaves(_map_labelled(penalty, params, labels, label, frames))
   return sum(terms, jnp.zeros([], jnp.float32))
+
+
+# ----------------------------------------------------------------------------------
+# QK-norm: the attention building block docs/lm.md recommends for language models.
+# ----------------------------------------------------------------------------------
+
+
+class QKNorm(linen.Module):
+  """QK-norm for a Flax linen attention layer: a LayerNorm on each head's q and k.
+
+  Per head, over its ``r`` features, without bias, with a learned scale of shape
+  ``(r,)`` shared by the heads, one for the queries (``query_ln``) and one for the
+  keys (``key_ln``), init 1::
+
+      q <- (q - mean(q)) / sqrt(var(q) + epsilon) * gamma_q
+      k <- (k - mean(k)) / sqrt(var(k) + epsilon) * gamma_k
+
+  applied before RoPE and the logits ``q·k / sqrt(r)``. This is the QK-layernorm of
+  Dehghani et al. 2023 and Wortsman et al. 2023, the ``A2-qknorm`` arm of docs/lm.md
+  (Flax's own ``LayerNorm(use_bias=False)``, as the arm uses it), and what Flax's
+  ``MultiHeadDotProductAttention(normalize_qk=True)`` does inside its own attention:
+  use this block where the attention is your own (Gemma-style einsums, grouped-query
+  heads, where q and k have different head counts). With Stiefel frames it goes
+  after them: ``q = x W_Q`` keeps W_Q on the manifold and the norm sets the logit
+  scale. :class:`NnxQKNorm` is the same block for nnx.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, stiefax
+    >>> q = jax.random.normal(jax.random.key(0), (2, 5, 4, 16))   # (B, T, heads, r)
+    >>> k = jax.random.normal(jax.random.key(1), (2, 5, 2, 16))   # 2 key heads (GQA)
+    >>> norm = stiefax.flax.QKNorm()
+    >>> variables = norm.init(jax.random.key(2), q, k)
+    >>> jax.tree.map(jnp.shape, variables["params"])
+    {'key_ln': {'scale': (16,)}, 'query_ln': {'scale': (16,)}}
+    >>> qn, kn = norm.apply(variables, q, k)
+    >>> bool(jnp.allclose(jnp.mean(qn, -1), 0, atol=1e-5)), kn.shape
+    (True, (2, 5, 2, 16))
+
+  Attributes:
+    epsilon: added to the variance (Flax's ``LayerNorm`` default, 1e-6).
+    dtype: the outputs' dtype (``None``: Flax's promotion of the input and the
+      scale, so float32 scales give float32 outputs; ``jnp.bfloat16`` keeps bf16).
+    param_dtype: the scales' dtype (float32).
+
+  Returns:
+    ``__call__(q, k) -> (q, k)`` normalized, with the inputs' shapes: any leading
+    axes, the head size last (the same for both).
+  """
+
+  epsilon: float = 1e-6
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+
+  @linen.compact
+  def __call__(self, q: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
+    _check_head_sizes(q, k)
+    kw = dict(epsilon=self.epsilon, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype)
+    return linen.LayerNorm(**kw, name="query_ln")(q), linen.LayerNorm(**kw, name="key_ln")(k)
+
+
+class NnxQKNorm(nnx.Module):
+  """QK-norm for a Flax nnx attention layer: :class:`QKNorm`'s formula and numbers.
+
+  ``q <- LayerNorm(q) * gamma_q``, ``k <- LayerNorm(k) * gamma_k`` over each head's
+  ``r`` features, no bias, scales ``(r,)`` init 1 (``query_ln.scale``,
+  ``key_ln.scale``), before RoPE and the logits; see :class:`QKNorm` for where it
+  goes and why.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, stiefax
+    >>> from flax import nnx
+    >>> norm = stiefax.flax.NnxQKNorm(16, rngs=nnx.Rngs(0))
+    >>> q = jax.random.normal(jax.random.key(0), (2, 5, 4, 16))
+    >>> k = jax.random.normal(jax.random.key(1), (2, 5, 2, 16))
+    >>> qn, kn = norm(q, k)
+    >>> norm.query_ln.scale.shape, bool(jnp.allclose(jnp.std(kn, -1), 1, atol=1e-3))
+    ((16,), True)
+
+  Args:
+    head_dim: ``r``, the head size.
+    epsilon: added to the variance (Flax's default, 1e-6).
+    dtype: the outputs' dtype (``None``: Flax's promotion of input and scale).
+    param_dtype: the scales' dtype (float32).
+    rngs: the module's ``nnx.Rngs`` (the scales start at 1 and draw nothing).
+
+  Returns:
+    ``__call__(q, k) -> (q, k)`` normalized, with the inputs' shapes.
+  """
+
+  def __init__(
+    self,
+    head_dim: int,
+    *,
+    epsilon: float = 1e-6,
+    dtype: Any = None,
+    param_dtype: Any = jnp.float32,
+    rngs: nnx.Rngs,
+  ):
+    kw = dict(epsilon=epsilon, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.query_ln = nnx.LayerNorm(head_dim, **kw)
+    self.key_ln = nnx.LayerNorm(head_dim, **kw)
+
+  def __call__(self, q: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
+    _check_head_sizes(q, k)
+    return self.query_ln(q), self.key_ln(k)
+
+
+def _check_head_sizes(q: jax.Array, k: jax.Array) -> None:
+  if q.shape[-1] != k.shape[-1]:
+    raise ValueError(
+      f"QKNorm: q and k must share the head size (their last axis), got q {q.shape}"
+      f" and k {k.shape}."
+    )
