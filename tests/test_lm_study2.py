@@ -130,6 +130,36 @@ def test_fold_bound_holds_and_the_gain_in_front_breaks_it(dtype):
       assert (seen <= logit_bounds(params, c, "gained") * slack).all()
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_fold_bound_holds_after_training(dtype):
+  """B2-fold trained for a few steps at a high rate (the temperatures and the gains
+  move): every logit of a validation batch, evaluated in ``dtype``, is within the
+  bound of the trained parameters."""
+  config = dataclasses.replace(TINY, adamw_lr=0.1, frame_lr=1.0)
+  arm = arms.ARMS["B2-fold"]
+  progs = training.programs(arm, config)
+  variables = training.init_params(arm, config, 0)
+  state = progs.opt_init(variables)
+  train = jnp.asarray(data.load().train[:50_000])
+  positions = jnp.asarray(data.train_positions(50_000, config.seq, 8, config.batch, 0))
+  variables, state, _ = progs.chunk(variables, state, train, positions)
+  params = variables["params"]
+  assert np.abs(np.asarray(params["layer_0"]["attn"]["temperature"])).max() > 0.1
+  c = config.model
+  windows = jnp.asarray(data.windows(data.load().val, c.seq, 8)[:, :-1])
+  cast = jax.tree.map(lambda x: x.astype(dtype), params)
+  model = DecoderLM(c, "plain", temperature=True, qk_input="fold")
+  _, inter = model.apply({"params": cast}, windows, mutable=["intermediates"])
+  seen = np.stack(
+    [
+      np.asarray(inter["intermediates"][f"layer_{i}"]["attn"]["head_max_logit"][0], np.float64)
+      for i in range(c.depth)
+    ]
+  )
+  slack = 1.0 + (2e-2 if dtype == jnp.bfloat16 else 1e-5)
+  assert (seen <= logit_bounds(params, c, "fold") * slack).all()
+
+
 def test_frame_rate_reaches_only_arms_with_their_own_rule(tmp_path):
   parser = __import__("argparse").ArgumentParser()
   command.add_arguments(parser)
