@@ -49,7 +49,7 @@ def test_linen_and_nnx_match_each_other_and_the_arm():
   # The LM arm's parameters have the block's names and shapes.
   c = lm_config.PRESETS["quick"].model
   attn = Attention(c, "qknorm")
-  params = attn.init(jax.random.key(0), jnp.zeros((1, 4, c.d_model)))["params"]
+  params = jax.eval_shape(attn.init, jax.random.key(0), jnp.zeros((1, 4, c.d_model)))["params"]
   mine = linen.init(jax.random.key(0), *_qk())["params"]
   assert {k: v["scale"].shape[0] for k, v in params.items() if k.endswith("_ln")} == {
     k: c.head_dim for k in mine
@@ -101,8 +101,12 @@ def test_the_how_to_block_trains_frames_and_scales_apart():
     q, k = model.apply(p, x)
     return jnp.sum(jnp.einsum("bthr,bshr->bhts", q[:, :, :2], k) ** 2)
 
-  for _ in range(3):
+  @jax.jit
+  def step(params, state):
     updates, state = tx.update(jax.grad(loss)(params), state, params)
-    params = optax.apply_updates(params, updates)
+    return optax.apply_updates(params, updates), state
+
+  for _ in range(3):
+    params, state = step(params, state)
   assert stiefax.diagnostics.isometry_error(params) < 1e-5
   assert not np.allclose(params["params"]["QKNorm_0"]["query_ln"]["scale"], 1.0)
