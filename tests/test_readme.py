@@ -184,17 +184,19 @@ def test_the_image_patch_sentences(patches, readme):
 
 
 def test_the_language_model_sentences(readme):
+  from stiefax.experiments.lm import config as lm_config  # pylint: disable=g-import-not-at-top
   from stiefax.experiments.lm import tables  # pylint: disable=g-import-not-at-top
 
   text, runs = _report(["results/lm"], "lm")
   sweep = {}
-  for line in _section(text, "learning-rate sweep")[3:]:
+  for line in _section(text, "learning-rate sweep"):
     parts = line.split()
-    sweep[parts[0]] = (int(parts[1]), float(parts[-2]))
+    if parts and parts[0] in lm_config.ARMS:
+      sweep[parts[0]] = (int(parts[1]), float(parts[-2]))
   best = {}
-  for line in _section(text, "each arm at its best rate")[3:]:
+  for line in _section(text, "each arm at its best rate"):
     parts = line.split()
-    if len(parts) > 8 and parts[0] in sweep:
+    if len(parts) > 7 and parts[0] in sweep:
       delta = None if parts[6] == "-" else float(parts[6])
       best[parts[0]] = (int(parts[2]), float(parts[3]), delta)
   assert all(n == 2 for n, _ in sweep.values())  # "a two-seed sweep"

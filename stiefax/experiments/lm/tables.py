@@ -98,7 +98,7 @@ def _title(cfg: dict) -> str:
   return (
     f"lm ({cfg['preset']}): d={cfg['d_model']} depth={cfg['depth']}"
     f" heads={cfg['heads']}/{cfg['kv_heads']} r={cfg['head_dim']} seq={cfg['seq']}"
-    f" batch={cfg['batch']} steps={cfg['steps']}; text: Python {cfg['corpus']['python']}"
+    f" batch={cfg['batch']} steps={cfg['steps']};\n  text: Python {cfg['corpus']['python']}"
     f" standard library, {cfg['corpus']['train_bytes']:,} training bytes"
   )
 
@@ -147,8 +147,8 @@ def _sweep_tables(by_arm: dict) -> list[str]:
     entropy_rows.append([arm, *entropy_cells])
   head = [f"{lr:g}" for lr in rates]
   return [
-    "learning-rate sweep: final validation loss, bits per byte (mean over the sweep's"
-    " seeds; min(loss, loss at init))",
+    "learning-rate sweep: final validation loss, bits per byte\n"
+    "  (mean over the sweep's seeds; min(loss, loss at init))",
     table(["arm", "seeds", *head, "LR sensitivity", "best rate"], loss_rows),
     "",
     "largest attention logit max |q·k|/sqrt(r) during training (max over the sweep's seeds)",
@@ -173,7 +173,7 @@ def _best_table(by_arm: dict) -> tuple[list[str], dict]:
   if not chosen:
     return [], chosen
   base = {s: loss_of(r, "test_bpb") for s, r in chosen.get("A2", {}).items()}
-  rows = []
+  rows, probe_rows = [], []
   for arm, seeds in chosen.items():
     rs = list(seeds.values())
     test = {s: loss_of(r, "test_bpb") for s, r in seeds.items()}
@@ -195,6 +195,11 @@ def _best_table(by_arm: dict) -> tuple[list[str], dict]:
         "-" if p is None else f"[{p.t_low:+.4f}, {p.t_high:+.4f}]",
         "-" if p is None else f"[{p.ci_low:+.4f}, {p.ci_high:+.4f}]",
         "-" if p is None else _verdict_words(p),
+      ]
+    )
+    probe_rows.append(
+      [
+        arm,
         f"{np.nanmean([x['max_logit_max'] for x in m]):.1f}",
         f"{np.nanmean([x['entropy'] for x in m]):.2f}",
         f"{np.nanmean([x['isometry'] for x in m]):.1e}",
@@ -202,8 +207,8 @@ def _best_table(by_arm: dict) -> tuple[list[str], dict]:
       ]
     )
   return [
-    "each arm at its best rate: test loss, bits per byte (paired by seed; Δ = arm - A2,"
-    " negative is better)",
+    "each arm at its best rate: test loss, bits per byte\n"
+    "  (paired by seed; Δ = arm - A2, negative is better)",
     table(
       [
         "arm",
@@ -214,15 +219,16 @@ def _best_table(by_arm: dict) -> tuple[list[str], dict]:
         "t 95% CI",
         "bootstrap 95% CI",
         "verdict",
-        "max logit",
-        "entropy",
-        "isometry",
-        "tokens/s",
       ],
       rows,
     ),
     f"  verdict: both 95% intervals agree, on >= {stats.MIN_SEEDS} paired seeds;"
-    " otherwise not settled. max logit: largest during training; entropy: at the end.",
+    " otherwise not settled.",
+    "",
+    "each arm at its best rate: attention, isometry and speed (mean over its seeds)",
+    table(["arm", "max logit", "entropy", "isometry", "tokens/s"], probe_rows),
+    "  max logit: largest during training; entropy: at the end; isometry: max|W^T W - I|"
+    " at the end.",
     "",
   ], chosen
 
@@ -268,8 +274,8 @@ def _contrast_table(chosen: dict) -> list[str]:
   if not rows:
     return []
   return [
-    "contrasts at the best rates: test loss, bits per byte (Δ = b - a, paired by seed;"
-    " negative: b is better)",
+    "contrasts at the best rates: test loss, bits per byte\n"
+    "  (Δ = b - a, paired by seed; negative: b is better)",
     table(["b - a", "seeds", "Δ", "t 95% CI", "bootstrap 95% CI", "b lower", "verdict"], rows),
     "",
   ]
