@@ -157,9 +157,12 @@ def test_rate_selection_and_sensitivity_follow_wortsman():
     *[_record("A2", 1e-3, s, 1.0) for s in range(2, 8)],
   ]
   assert tables.select_rate(runs) == 3e-3
-  # means over rates: 3.1 (1e-3, all its seeds), 2.6, 8.0; best 2.6.
-  means = [np.mean([3.0, 3.2, *[1.0] * 6]), 2.6, 8.0]
+  # Means over the sweep's seeds (0 and 1, the ones every rate has): 3.1, 2.6, 8.0;
+  # best 2.6. The extra seeds at 1e-3 (mean 1.0) move neither the choice nor this.
+  means = [3.1, 2.6, 8.0]
   assert tables.sensitivity(runs) == pytest.approx(np.mean(means) - min(means))
+  assert tables.sensitivity(runs) == tables.sensitivity(runs[:6])
+  assert {r["seed"] for r in tables.sweep_runs(runs)} == {0, 1}
   assert tables.loss_of(runs[4]) == 8.0 and tables.loss_of(runs[5]) == 8.0
 
 

@@ -84,3 +84,69 @@ def test_ratio_interval_holds_the_ratio_of_means():
   lo, hi = stats.ratio_ci(num, den)
   assert lo < num.mean() / den.mean() < hi and hi - lo < 0.1
   assert np.isnan(stats.ratio_ci([1.0], [2.0])[0])
+
+
+def test_the_exact_bootstrap_is_the_limit_of_every_resample():
+  """For n <= EXACT_MAX the interval is the quantiles of all n**n equally likely
+  resamples, enumerated here by brute force; the multiset weights sum to 1."""
+  import itertools
+  import math
+
+  rng = np.random.default_rng(3)
+  for n in (2, 3, 5, 6):
+    x = rng.normal(size=n)
+    means = np.array([x[list(idx)].mean() for idx in itertools.product(range(n), repeat=n)])
+    means.sort()
+    k = means.size
+    lo = means[math.ceil(0.025 * k) - 1]  # smallest mean whose cumulative share >= 2.5%
+    hi = means[k - math.ceil(0.025 * k)]
+    b = stats.bootstrap(x)
+    assert b.exact and not b.borderline
+    np.testing.assert_allclose([b.low, b.high], [lo, hi], rtol=0, atol=1e-12)
+    counts, prob = stats._multisets(n)
+    assert counts.shape == (math.comb(2 * n - 1, n), n) and (counts.sum(1) == n).all()
+    assert abs(prob.sum() - 1) < 1e-12
+  counts, prob = stats._multisets(12)
+  assert counts.shape == (1_352_078, 12) and abs(prob.sum() - 1) < 1e-9
+  # Negating the data negates the interval.
+  x = rng.normal(size=9)
+  assert stats.bootstrap_ci(-x) == tuple(-v for v in reversed(stats.bootstrap_ci(x)))
+
+
+def test_verdicts_do_not_depend_on_the_resample_seed():
+  """σReparam - A2 at depth 2, AdamW 1e-2 (results/patches/robust): exact bootstrap
+  upper bound -0.012 pp, a t-interval holding 0. A Monte Carlo bootstrap of 20 000
+  resamples puts that bound at or above 0 for some seeds ("no difference"), below for
+  others ("not settled"); the exact one gives one verdict for every seed."""
+  d = np.array([0.16, 0.27, -0.29, -0.80, -0.78, -0.86])
+  mc = set()
+  for seed in range(40):
+    hi = sps.bootstrap(
+      (d,),
+      np.mean,
+      n_resamples=20_000,
+      method="percentile",
+      random_state=np.random.default_rng(seed),
+    ).confidence_interval.high
+    mc.add(hi >= 0)
+  assert mc == {True, False}  # the draw decides a Monte Carlo verdict here
+  got = {stats.paired(np.zeros(6), d, seed=seed).verdict for seed in range(40)}
+  assert got == {"not settled"}
+  assert stats.bootstrap(d).high == pytest.approx(-0.011666666666667, abs=1e-9)
+  assert {stats.ratio_ci(d + 2, d + 3, seed=s) for s in range(5)} == {stats.ratio_ci(d + 2, d + 3)}
+
+
+def test_above_exact_max_a_bound_near_zero_is_borderline():
+  """Above EXACT_MAX seeds the bootstrap is Monte Carlo; a bound within its Monte
+  Carlo error of 0 gives "borderline" for every seed, a clear one the same verdict."""
+  n = stats.EXACT_MAX + 8
+  x = np.random.default_rng(0).normal(size=n)
+  x = x - x.mean() + 0.3 * x.std(ddof=1)  # the mean sits near the lower bound's distance
+  lows = [stats.bootstrap(x, seed=s).low for s in range(4)]
+  # Shift so that the exact-ish lower bound is 0: every draw's bound is within its error.
+  x = x - np.median(lows)
+  verdicts = {stats.paired(np.zeros(n), x, seed=s).verdict for s in range(10)}
+  assert verdicts == {"borderline"}
+  assert not stats.bootstrap(x).exact
+  clear = x + 1.0
+  assert {stats.paired(np.zeros(n), clear, seed=s).verdict for s in range(10)} == {"b > a"}

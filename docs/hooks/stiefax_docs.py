@@ -14,13 +14,14 @@
   of the docs extra (MathJax 3 as plain files; it needs no Django).
 * The notebooks live in ``notebooks/`` at the repository root (they are run and read on
   their own too); they are added to the site as ``notebooks/*.ipynb``, where the
-  mkdocs-jupyter plugin executes them.
+  mkdocs-jupyter plugin executes them, with the kernel settings in ``jupyter/``.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import pathlib
 import re
 import shutil
@@ -149,7 +150,18 @@ def on_post_page(output, page, config):
   return output
 
 
+#: Jupyter configuration for the notebooks' execution: the kernels log errors only, so
+#: the build log does not carry each kernel's warning that its local TCP sockets are
+#: unencrypted (the notebooks' own output and errors are unaffected).
+JUPYTER_CONFIG = pathlib.Path(__file__).resolve().parent / "jupyter"
+
+
 def on_config(config):
+  # Read by nbconvert when mkdocs-jupyter converts a notebook (jupyter_nbconvert_config).
+  paths = [str(JUPYTER_CONFIG)] + [
+    p for p in os.environ.get("JUPYTER_CONFIG_PATH", "").split(os.pathsep) if p
+  ]
+  os.environ["JUPYTER_CONFIG_PATH"] = os.pathsep.join(dict.fromkeys(paths))
   docs_dir = pathlib.Path(config["docs_dir"])
   problems = undocumented() + unrendered(api_directives(docs_dir))
   if problems:

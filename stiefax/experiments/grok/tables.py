@@ -158,8 +158,8 @@ def _table(runs: Sequence[dict]) -> str:
           ["arm", "n", "Δ pp", *report_lib.PAIRED_HEADER],
           [row + [""] * (width - len(row)) for row in paired],
         ),
-        "  paired-t and 20 000-resample bootstrap 95% CIs; verdict: both CIs agree on >= 6"
-        " seeds, else not settled.",
+        "  paired-t and bootstrap 95% CIs (exact up to 12 seeds); verdict: both CIs agree on"
+        " >= 6 seeds, else not settled.",
       ]
   return "\n".join(lines)
 

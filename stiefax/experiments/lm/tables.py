@@ -13,7 +13,8 @@ steps at the two highest rates, and validation loss curves at the best rates.
 
 An arm's best rate is the one with the lowest mean validation loss over the seeds that
 every rate of the arm has (the sweep's seeds), so adding seeds at the best rate never
-moves it. An arm that lacks some of the setting's rates (a sweep still running) gets
+moves it; the sweep's tables (loss, sensitivity, logit, entropy) use those seeds only,
+so every point of the sweep rests on the same seeds. An arm that lacks some of the setting's rates (a sweep still running) gets
 no sensitivity and no best rate, and is left out of the best-rate comparison. A diverged run counts as its loss at init; so does a loss above it
 (``min(loss, loss at init)``, as Wortsman et al.).
 """
@@ -35,7 +36,7 @@ from stiefax.experiments.lm.config import ARMS
 from stiefax.experiments.report import num
 from stiefax.experiments.report import table
 
-__all__ = ["report", "summary", "loss_of", "select_rate", "sensitivity"]
+__all__ = ["report", "summary", "loss_of", "select_rate", "sensitivity", "sweep_runs"]
 
 _ARM_FIELDS = ("adamw_lr", "arm", "frame_lr")
 
@@ -57,6 +58,17 @@ def _by_rate(runs: Sequence[dict]) -> dict:
   return out
 
 
+def sweep_runs(runs: Sequence[dict]) -> list[dict]:
+  """The runs of ``runs`` (one arm, one setting) at the sweep's seeds: the seeds every
+  rate of the arm has. Seeds added at the best rate alone (the best-rate comparison's)
+  are left out, so each point of the sweep rests on the same seeds."""
+  by_rate = _by_rate(runs)
+  if not by_rate:
+    return []
+  common = set.intersection(*(set(s) for s in by_rate.values()))
+  return [r for r in runs if r["seed"] in common] if common else list(runs)
+
+
 def select_rate(runs: Sequence[dict]) -> Optional[float]:
   """The rate of ``runs`` (one arm, one setting) with the lowest mean validation loss
   over the seeds every rate has; ties go to the smaller rate."""
@@ -72,8 +84,9 @@ def select_rate(runs: Sequence[dict]) -> Optional[float]:
 
 def sensitivity(runs: Sequence[dict]) -> float:
   """Wortsman et al.'s learning-rate sensitivity of one arm: the mean over rates of
-  ``min(loss, loss at init) - best loss``, each rate's loss the mean over its seeds."""
-  by_rate = _by_rate(runs)
+  ``min(loss, loss at init) - best loss``, each rate's loss the mean over the sweep's
+  seeds (:func:`sweep_runs`)."""
+  by_rate = _by_rate(sweep_runs(runs))
   means = [np.mean([loss_of(r) for r in seeds.values()]) for seeds in by_rate.values()]
   return float(np.mean(means) - np.min(means)) if means else float("nan")
 
@@ -91,7 +104,7 @@ def _title(cfg: dict) -> str:
   return (
     f"lm ({cfg['preset']}): d={cfg['d_model']} depth={cfg['depth']}"
     f" heads={cfg['heads']}/{cfg['kv_heads']} r={cfg['head_dim']} seq={cfg['seq']}"
-    f" batch={cfg['batch']} steps={cfg['steps']}; text: Python {cfg['corpus']['python']}"
+    f" batch={cfg['batch']} steps={cfg['steps']};\n  text: Python {cfg['corpus']['python']}"
     f" standard library, {cfg['corpus']['train_bytes']:,} training bytes"
   )
 
@@ -108,7 +121,8 @@ def _sweep_tables(by_arm: dict) -> list[str]:
   if len(rates) < 2:
     return []
   loss_rows, logit_rows, entropy_rows = [], [], []
-  for arm, rs in by_arm.items():
+  for arm, all_runs in by_arm.items():
+    rs = sweep_runs(all_runs)
     by_rate = _by_rate(rs)
     cells, logit_cells, entropy_cells = [], [], []
     for lr in rates:
@@ -139,14 +153,15 @@ def _sweep_tables(by_arm: dict) -> list[str]:
     entropy_rows.append([arm, *entropy_cells])
   head = [f"{lr:g}" for lr in rates]
   return [
-    "learning-rate sweep: final validation loss, bits per byte (mean over seeds;"
-    " min(loss, loss at init))",
+    "learning-rate sweep: final validation loss, bits per byte\n"
+    "  (mean over the sweep's seeds; min(loss, loss at init))",
     table(["arm", "seeds", *head, "LR sensitivity", "best rate"], loss_rows),
     "",
-    "largest attention logit max |q·k|/sqrt(r) during training (max over seeds)",
+    "largest attention logit max |q·k|/sqrt(r) during training (max over the sweep's seeds)",
     table(["arm", *head], logit_rows),
     "",
-    "attention entropy at the end of training, nats (mean over seeds that did not diverge)",
+    "attention entropy at the end of training, nats (mean over the sweep's seeds that did"
+    " not diverge)",
     table(["arm", *head], entropy_rows),
     "",
   ]
@@ -164,7 +179,7 @@ def _best_table(by_arm: dict) -> tuple[list[str], dict]:
   if not chosen:
     return [], chosen
   base = {s: loss_of(r, "test_bpb") for s, r in chosen.get("A2", {}).items()}
-  rows = []
+  rows, probe_rows = [], []
   for arm, seeds in chosen.items():
     rs = list(seeds.values())
     test = {s: loss_of(r, "test_bpb") for s, r in seeds.items()}
@@ -186,6 +201,11 @@ def _best_table(by_arm: dict) -> tuple[list[str], dict]:
         "-" if p is None else f"[{p.t_low:+.4f}, {p.t_high:+.4f}]",
         "-" if p is None else f"[{p.ci_low:+.4f}, {p.ci_high:+.4f}]",
         "-" if p is None else _verdict_words(p),
+      ]
+    )
+    probe_rows.append(
+      [
+        arm,
         f"{np.nanmean([x['max_logit_max'] for x in m]):.1f}",
         f"{np.nanmean([x['entropy'] for x in m]):.2f}",
         f"{np.nanmean([x['isometry'] for x in m]):.1e}",
@@ -193,8 +213,8 @@ def _best_table(by_arm: dict) -> tuple[list[str], dict]:
       ]
     )
   return [
-    "each arm at its best rate: test loss, bits per byte (paired by seed; Δ = arm - A2,"
-    " negative is better)",
+    "each arm at its best rate: test loss, bits per byte\n"
+    "  (paired by seed; Δ = arm - A2, negative is better)",
     table(
       [
         "arm",
@@ -205,15 +225,16 @@ def _best_table(by_arm: dict) -> tuple[list[str], dict]:
         "t 95% CI",
         "bootstrap 95% CI",
         "verdict",
-        "max logit",
-        "entropy",
-        "isometry",
-        "tokens/s",
       ],
       rows,
     ),
     f"  verdict: both 95% intervals agree, on >= {stats.MIN_SEEDS} paired seeds;"
-    " otherwise not settled. max logit: largest during training; entropy: at the end.",
+    " otherwise not settled.",
+    "",
+    "each arm at its best rate: attention, isometry and speed (mean over its seeds)",
+    table(["arm", "max logit", "entropy", "isometry", "tokens/s"], probe_rows),
+    "  max logit: largest during training; entropy: at the end; isometry: max|W^T W - I|"
+    " at the end.",
     "",
   ], chosen
 
@@ -259,8 +280,8 @@ def _contrast_table(chosen: dict) -> list[str]:
   if not rows:
     return []
   return [
-    "contrasts at the best rates: test loss, bits per byte (Δ = b - a, paired by seed;"
-    " negative: b is better)",
+    "contrasts at the best rates: test loss, bits per byte\n"
+    "  (Δ = b - a, paired by seed; negative: b is better)",
     table(["b - a", "seeds", "Δ", "t 95% CI", "bootstrap 95% CI", "b lower", "verdict"], rows),
     "",
   ]
@@ -280,7 +301,7 @@ def _plots(by_arm: dict, chosen: dict, out_dir: pathlib.Path, stem: str) -> list
   if len(rates) > 1:
     fig, ax = plt.subplots(figsize=(6, 4))
     for i, (arm, rs) in enumerate(by_arm.items()):
-      by_rate = _by_rate(rs)
+      by_rate = _by_rate(sweep_runs(rs))
       xs = sorted(by_rate)
       ys = [np.mean([loss_of(r) for r in by_rate[x].values()]) for x in xs]
       ax.plot(xs, ys, marker="o", label=arm, color=f"C{i}")

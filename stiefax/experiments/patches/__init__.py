@@ -49,7 +49,7 @@ arm's rate on the validation images [n_train : n_train + n_val]), ``sweep-n``
 (``--ns`` at about ``--budget`` 2000 steps per run, paper Table 3), ``sweep-eps``
 (``--eps-values`` for B2, Section 4.7). One JSON file per run goes to ``--out``;
 ``stiefax report DIR`` (or the table printed at the end) gives per-arm mean +- std,
-the paired difference to A2 (t, p, wins, 20 000-resample bootstrap 95% CI),
+the paired difference to A2 (t, p, wins, paired-t and bootstrap 95% CIs),
 isometry error and wall-clock per epoch.
 """
 
