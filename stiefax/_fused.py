@@ -40,8 +40,8 @@ import optax
 from stiefax import _routing
 from stiefax import geometry
 from stiefax._routing import expand
-from stiefax.frames import FrameSpec
 from stiefax.frames import FramesLike
+from stiefax.frames import FrameSpec
 from stiefax.layouts import checked_frames
 from stiefax.transforms import PolarRetractState
 from stiefax.transforms import ScalarMomentState
