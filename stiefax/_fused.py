@@ -101,6 +101,9 @@ def _groups(leaves: list[_Leaf], group: bool) -> list[list[list[int]]]:
   return [list(layouts.values()) for layouts in found.values()]
 
 
+_STACKED = ("w", "g", "mu", "nu")
+
+
 def _cat(parts: list[jax.Array]) -> jax.Array:
   return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
 
@@ -255,11 +258,9 @@ def fused_scalar_adam(
       # transpose, and the layouts concatenated along the stacking axis.
       layouts = [_Layout(leaves, idx, cd) for idx in group]
       n_batch = len(leaves[group[0][0]].nu.shape)
-      outs = step(
-        *(_cat([getattr(lay, f) for lay in layouts]) for f in ("w", "g", "mu", "nu")),
-        _cat([lay.neg_lr for lay in layouts]).reshape((-1,) + (1,) * n_batch),
-        True,
-      )
+      wf, gf, m_prev, nu = (_cat([getattr(lay, f) for lay in layouts]) for f in _STACKED)
+      lr = _cat([lay.neg_lr for lay in layouts]).reshape((-1,) + (1,) * n_batch)
+      outs = step(wf, gf, m_prev, nu, lr, True)
       start = 0
       for lay in layouts:
         part = [o[start : start + len(lay.members)] for o in outs]
