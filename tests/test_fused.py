@@ -163,3 +163,88 @@ def test_fused_finds_its_states_by_type_not_position(rng, lr):
   for bad in (optax.MaskedState(state), state + state, state[1]):
     with pytest.raises(ValueError, match=r"ScalarMomentState|chain"):
       tx.update(g, bad, w)
+
+
+# ----------------------------------------------------------------------------
+# Grouping: the frame leaves of one shape and dtype are updated in one batched pass.
+# ----------------------------------------------------------------------------
+
+# Two layers of query/key kernels (one group), a heads-first kernel of the same frames
+# (the same group, another layout), wider frames (their own group) and a layer-stacked
+# kernel (batch shape (L, H): its own group).
+GROUPED_SHAPES = {
+  "l0": {"query": (16, 2, 4), "key": (16, 2, 4)},
+  "l1": {"query": (16, 2, 4), "key": (16, 2, 4)},
+  "heads_first": (2, 16, 4),
+  "wide": (16, 2, 8),
+  "stacked": (2, 16, 2, 4),
+}
+
+
+def _grouped_frames(path, _):
+  name = jax.tree_util.keystr(path)
+  return FrameSpec(row_axis=1) if ("stacked" in name or "heads_first" in name) else FrameSpec()
+
+
+def _grouped_tree(dtype):
+  flat, treedef = jax.tree_util.tree_flatten_with_path(
+    GROUPED_SHAPES, is_leaf=lambda x: isinstance(x, tuple) and isinstance(x[0], int)
+  )
+  init_dtype = jnp.float64 if dtype == jnp.float64 else jnp.float32
+  return treedef.unflatten(
+    [
+      stiefax.flax.orthonormal_init(_grouped_frames(path, None))(
+        jax.random.key(i), shape, init_dtype
+      ).astype(dtype)
+      for i, (path, shape) in enumerate(flat)
+    ]
+  )
+
+
+def _grouped_run(dtype, group_frames, steps=6):
+  w = _grouped_tree(dtype)
+  tx = stiefax.riemannian_adam(1.0, frames=_grouped_frames, group_frames=group_frames)
+  state, update = jax.jit(tx.init)(w), jax.jit(tx.update)
+  rng = np.random.default_rng(0)
+  for t in range(steps):
+    g = jax.tree.map(
+      lambda x: jnp.asarray(rng.standard_normal(x.shape) * 10 ** rng.uniform(-1, 1), dtype), w
+    )
+    if t == 3:  # one frame of l1/key (head 1) and one of the stacked kernel (layer 1, head 0)
+      g["l1"]["key"] = g["l1"]["key"].at[0, 1, 0].set(jnp.nan)
+      g["stacked"] = g["stacked"].at[1, 0, 0, 0].set(jnp.inf)
+    u, state = update(g, state, w)
+    w = optax.apply_updates(w, u)
+  return w, state
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32, jnp.bfloat16])
+def test_grouped_update_equals_the_per_leaf_update(dtype):
+  with jax.enable_x64(dtype == jnp.float64):
+    grouped, g_state = _grouped_run(dtype, True)
+    per_leaf, p_state = _grouped_run(dtype, False)
+    start = _grouped_tree(dtype)
+  assert jax.tree.structure(g_state) == jax.tree.structure(p_state)
+  for a, b in zip(jax.tree.leaves((grouped, g_state)), jax.tree.leaves((per_leaf, p_state))):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    if a.dtype == jnp.int32:
+      np.testing.assert_array_equal(a, b)
+      continue
+    # The same per-frame arithmetic on a larger batch: equal to the rounding of the
+    # compute dtype (float32 for bfloat16 frames), a few units in the last place.
+    eps = float(jnp.finfo(jnp.promote_types(a.dtype, jnp.float32)).eps)
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    np.testing.assert_allclose(a64, b64, rtol=0, atol=4 * eps * max(1.0, np.max(np.abs(b64))))
+  # The non-finite frames were skipped one by one, in their groups, and nothing else.
+  moment = next(s for s in g_state if isinstance(s, stiefax.ScalarMomentState))
+  counts = {
+    jax.tree_util.keystr(p): np.asarray(x).tolist()
+    for p, x in jax.tree_util.tree_flatten_with_path(moment.skipped)[0]
+  }
+  assert counts["['l1']['key']"] == [0, 1], counts
+  assert counts["['stacked']"] == [[0, 0], [1, 0]], counts
+  assert sum(np.sum(v) for v in counts.values()) == 2, counts
+  assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(grouped))
+  # Control: the frames moved.
+  moved = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), grouped, start)
+  assert min(jax.tree.leaves(moved)) > 1e-2
