@@ -248,3 +248,60 @@ def test_grouped_update_equals_the_per_leaf_update(dtype):
   # Control: the frames moved.
   moved = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), grouped, start)
   assert min(jax.tree.leaves(moved)) > 1e-2
+
+
+def _model(layers=2, d=16, h=2, r=4):
+  """A Flax-named tree: per layer query, key, value kernels (d, H, r) and an MLP kernel."""
+  init = stiefax.flax.orthonormal_init()
+  keys = iter(jax.random.split(jax.random.key(0), 4 * layers))
+  return {
+    f"layer_{i}": {
+      "attention": {n: {"kernel": init(next(keys), (d, h, r))} for n in ("query", "key", "value")},
+      "mlp": {"kernel": 0.1 * jax.random.normal(next(keys), (d, 3 * d))},
+    }
+    for i in range(layers)
+  }
+
+
+def test_grouped_under_partition_multisteps_inject_and_donation(rng):
+  import functools
+
+  def make(group_frames):
+    stiefel = functools.partial(stiefax.riemannian_adam, group_frames=group_frames)
+    inner = optax.inject_hyperparams(stiefax.stiefel_adamw, static_args=("stiefel",))(
+      learning_rate=1e-2, peak_learning_rate=1e-2, stiefel=stiefel
+    )
+    return optax.MultiSteps(inner, every_k_schedule=2)
+
+  def run(tx):
+    params = _model()
+    state = tx.init(params)
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def step(params, state, grads):
+      u, state = tx.update(grads, state, params)
+      return optax.apply_updates(params, u), state
+
+    g_rng = np.random.default_rng(1)
+    for t in range(6):
+      grads = jax.tree.map(lambda x: jnp.asarray(g_rng.standard_normal(x.shape), x.dtype), params)
+      if t == 4:  # a learning rate lowered mid-run reaches the frames in proportion
+        state.inner_opt_state.hyperparams["learning_rate"] = jnp.asarray(5e-3)
+      params, state = step(params, state, grads)
+    return params, state
+
+  grouped, g_state = run(make(True))
+  per_leaf, p_state = run(make(False))
+  assert jax.tree.structure(g_state) == jax.tree.structure(p_state)
+  assert _max_diff(grouped, per_leaf) < 1e-6
+  assert _max_diff(g_state, p_state) < 1e-6
+  start = _model()
+  q = ("layer_1", "attention", "query", "kernel")
+
+  def at(tree):
+    for k in q:
+      tree = tree[k]
+    return tree
+
+  assert float(jnp.max(jnp.abs(at(grouped) - at(start)))) > 1e-2  # the frames moved
+  assert float(stiefax.diagnostics.isometry_error(at(grouped))) < 1e-5
