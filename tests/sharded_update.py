@@ -1,6 +1,8 @@
 """Runs in a subprocess with 4 host devices: a head-sharded update equals the unsharded one.
 
-Prints one JSON line: the max difference and the collectives found in the compiled HLO.
+The tree holds two layers of query and key kernels, which the fused update stacks into
+one group: stacking along a new axis keeps each kernel's heads on their devices. Prints
+one JSON line: the max difference and the collectives found in the compiled HLO.
 """
 
 import json
@@ -26,16 +28,23 @@ def main():
   devices = jax.devices()
   assert len(devices) == 4, devices
   mesh = Mesh(devices, ("heads",))
-  # Query/key kernels (d_model, heads, head_dim) and a layer-stacked one.
+  # Two layers of query/key kernels (d_model, heads, head_dim): one group of four.
+  init = stiefax.flax.orthonormal_init()
   w = {
-    "query": stiefax.flax.orthonormal_init()(jax.random.key(0), (128, 8, 16)),
-    "key": stiefax.flax.orthonormal_init()(jax.random.key(1), (128, 8, 16)),
+    f"layer_{i}": {
+      "query": init(jax.random.key(2 * i), (128, 8, 16)),
+      "key": init(jax.random.key(2 * i + 1), (128, 8, 16)),
+    }
+    for i in range(2)
   }
   grads = [
     jax.tree.map(lambda x, i=i: jax.random.normal(jax.random.key(10 + i), x.shape), w)
     for i in range(3)
   ]
-  shard = NamedSharding(mesh, P(None, "heads", None))
+  # argv[2]: "heads" (default) shards the heads, "rows" the d_model rows (FSDP-like),
+  # whose update reduces each frame's small Gram products but must gather no W.
+  rows = len(sys.argv) > 2 and sys.argv[2] == "rows"
+  shard = NamedSharding(mesh, P("heads", None, None) if rows else P(None, "heads", None))
   # "capped": the default B2 (fixed Newton-Schulz count); "uncapped": the stopping
   # rule, whose convergence test reduces over all frames (the control).
   tx = (
