@@ -7,7 +7,9 @@ GPT-2-small-shaped tree (per layer: ``query``, ``key``, ``value`` kernels
 no device needed) and counts the kernels of the entry computation of the optimized
 HLO: its fusions, matrix products, custom calls, loops and the other instructions that
 run (everything but parameters, constants, bitcasts and tuples). The Stiefel part is
-``stiefel_adamw``'s count minus ``optax.adamw``'s on the same tree.
+``stiefel_adamw``'s count minus ``optax.adamw``'s on the same tree; ``stiefel_adamw``
+is built grouped (``group_frames=True``, the accelerators' default) and one leaf at a
+time (``group_frames=False``, the CPU's).
 
     python -m benchmarks.kernels [--layers 1,12] [--dtype float32]
 """
@@ -81,7 +83,9 @@ def count(tx: optax.GradientTransformation, params) -> collections.Counter:
 
 
 OPTIMIZERS = {
-  "stiefel_adamw": lambda: stiefax.stiefel_adamw(1e-3),
+  "stiefel_adamw": lambda: stiefax.stiefel_adamw(
+    1e-3, stiefel=functools.partial(stiefax.riemannian_adam, group_frames=True)
+  ),
   "stiefel_adamw per leaf": lambda: stiefax.stiefel_adamw(
     1e-3, stiefel=functools.partial(stiefax.riemannian_adam, group_frames=False)
   ),

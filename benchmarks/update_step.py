@@ -5,7 +5,10 @@ process, jitted; the optimizers take turns (``--reps`` rounds of 5 calls each, a
 warm-up) and each figure is the median over rounds. Prints a table of
 milliseconds, ratios to AdamW, and optimizer-state bytes per frame, then one summary
 line. The row ``B2 chain`` is ``riemannian_adam(1.0, fused=False)``: the literal chain of
-transforms, for the gain of the fused default. ``--family`` adds the Stiefel optimizer
+transforms, for the gain of the fused default. The default groups the frame leaves of
+one shape into one batched pass on accelerators and updates them one leaf at a time on
+the CPU; the row ``B2 per leaf`` (on accelerators) or ``B2 grouped`` (on the CPU) is the
+other choice (``group_frames=``). ``--family`` adds the Stiefel optimizer
 family: B2 with the QR and Cayley retractions, ``stiefax.manifold_muon`` and
 ``optax.contrib.muon`` (unconstrained, the same kernels).
 
@@ -23,18 +26,21 @@ from benchmarks.common import time_interleaved
 from benchmarks.common import tree_bytes
 import stiefax
 
-# name -> (kernel shape, FrameSpec): kernels are (d, heads, r), stacked (L, d, heads, r).
+# name -> (kernel shape, FrameSpec, layers): kernels are (d, heads, r), stacked
+# (L, d, heads, r); "12L" is a model written layer by layer (GPT-2 small's query and
+# key kernels as 12 separate layers, 24 leaves).
 SHAPES = {
-  "(8,128,16)": ((128, 8, 16), stiefax.FrameSpec()),
-  "(4,128,32)": ((128, 4, 32), stiefax.FrameSpec()),
-  "(12,768,64)": ((768, 12, 64), stiefax.FrameSpec()),
-  "(16,1024,64)": ((1024, 16, 64), stiefax.FrameSpec()),
-  "12x(12,768,64)": ((12, 768, 12, 64), stiefax.FrameSpec(row_axis=1)),
+  "(8,128,16)": ((128, 8, 16), stiefax.FrameSpec(), 1),
+  "(4,128,32)": ((128, 4, 32), stiefax.FrameSpec(), 1),
+  "(12,768,64)": ((768, 12, 64), stiefax.FrameSpec(), 1),
+  "(16,1024,64)": ((1024, 16, 64), stiefax.FrameSpec(), 1),
+  "12x(12,768,64)": ((12, 768, 12, 64), stiefax.FrameSpec(row_axis=1), 1),
+  "12L(12,768,64)": ((768, 12, 64), stiefax.FrameSpec(), 12),
 }
 METHODS = ("auto", "eigh", "svd", "qdwh")
 # On the CPU backend a jitted update with the eigh polar never returned at these shapes
 # (jaxlib 0.10); the default method list leaves it out there (name it to force it).
-CPU_EIGH_HANGS = ("(12,768,64)", "(16,1024,64)", "12x(12,768,64)")
+CPU_EIGH_HANGS = ("(12,768,64)", "(16,1024,64)", "12x(12,768,64)", "12L(12,768,64)")
 
 
 def family(frames):
@@ -51,12 +57,16 @@ def family(frames):
   }
 
 
-def bench_shape(shape, frames, methods, reps, with_family=False):
-  keys = jax.random.split(jax.random.key(0), 4)
+def bench_shape(shape, frames, methods, reps, with_family=False, layers=1):
+  keys = iter(jax.random.split(jax.random.key(0), 4 * layers))
   init = stiefax.flax.orthonormal_init(frames)
-  params = {"query": init(keys[0], shape), "key": init(keys[1], shape)}
-  grads = {"query": jax.random.normal(keys[2], shape), "key": jax.random.normal(keys[3], shape)}
-  n_frames = 2 * math.prod(frames.frame_shape(shape)[0])
+
+  def layer():
+    return {"query": init(next(keys), shape), "key": init(next(keys), shape)}
+
+  params = layer() if layers == 1 else {f"layer_{i}": layer() for i in range(layers)}
+  grads = jax.tree.map(lambda w: jax.random.normal(next(keys), w.shape), params)
+  n_frames = 2 * layers * math.prod(frames.frame_shape(shape)[0])
 
   txs = {"adamw": optax.adamw(1e-3, weight_decay=0.0)}
   for method in methods:
@@ -64,6 +74,11 @@ def bench_shape(shape, frames, methods, reps, with_family=False):
       warnings.simplefilter("ignore", RuntimeWarning)
       txs[f"B2 method={method}"] = stiefax.riemannian_adam(1.0, method=method, frames=frames)
     if method == "auto":
+      # The default groups the frame leaves on accelerators and not on the CPU; the
+      # other choice, for comparison.
+      grouped = jax.default_backend() != "cpu"
+      other = "B2 per leaf" if grouped else "B2 grouped"
+      txs[other] = stiefax.riemannian_adam(1.0, frames=frames, group_frames=not grouped)
       txs["B2 chain"] = stiefax.riemannian_adam(1.0, frames=frames, fused=False)
   if with_family:
     txs.update(family(frames))
@@ -106,12 +121,13 @@ def main():
   print(f"{'shape':<16} {'optimizer':<22} {'ms':>9} {'x adamw':>8} {'state B/frame':>14}")
   auto_ratios = {}
   for name in names:
-    shape, frames = SHAPES[name]
+    shape, frames, layers = SHAPES[name]
     these = methods
     if on_cpu and args.methods is None and name in CPU_EIGH_HANGS:
       these = [m for m in methods if m != "eigh"]
       print(f"{name:<16} (method=eigh left out: it deadlocks in a jitted update on CPU)")
-    for label, ms, ratio, per_frame in bench_shape(shape, frames, these, args.reps, args.family):
+    rows = bench_shape(shape, frames, these, args.reps, args.family, layers)
+    for label, ms, ratio, per_frame in rows:
       print(f"{name:<16} {label:<22} {ms:>9.3f} {ratio:>8.2f} {per_frame:>14.0f}", flush=True)
       if label == "B2 method=auto":
         auto_ratios[name] = ratio

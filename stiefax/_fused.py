@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from typing import Any
 from typing import NamedTuple
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +62,18 @@ def _index(states: tuple, cls: type) -> int:
     types = tuple(type(s).__name__ for s in states)
     raise ValueError(_WRONG_STATE.format(n=len(found), kind=cls.__name__, types=types))
   return found[0]
+
+
+def group_by_default() -> bool:
+  """Whether ``group_frames=None`` groups: on every backend but the CPU.
+
+  On an accelerator a small update is bound by kernel launches, which grouping makes
+  independent of the number of leaves. On the CPU a call costs no launch, and one
+  leaf's frames stay in cache where a stacked group does not: grouped, the update of
+  a 12-layer GPT-2-small tree took 1.5x the per-leaf time on a 2-core CPU
+  (docs/performance.md), so the CPU updates one leaf at a time.
+  """
+  return jax.default_backend() != "cpu"
 
 
 class _Leaf(NamedTuple):
@@ -150,7 +163,7 @@ def fused_scalar_adam(
   step_bound: Any,
   retraction: str,
   frames: FramesLike,
-  group_frames: bool = True,
+  group_frames: Optional[bool] = None,
 ) -> optax.GradientTransformation:
   """``chain`` (the scalar-moment :func:`stiefax.riemannian_adam`) in one pass per frame.
 
@@ -158,9 +171,10 @@ def fused_scalar_adam(
   rate is a schedule (whose state, a step count, is then in the chain's state); the
   other arguments are those the chain was built with. ``group_frames`` updates the
   frame leaves of one batch shape, ``d``, ``r`` and compute dtype in one batched pass
-  (stacked along a new axis); without it each leaf is updated on its own. ``init`` is
-  the chain's; ``update`` gives the chain's update and state to rounding, grouped or
-  not.
+  (stacked along a new axis); ``False`` updates each leaf on its own, and ``None``
+  groups unless the default backend is the CPU (read when the update is traced; see
+  :func:`group_by_default`). ``init`` is the chain's; ``update`` gives the chain's
+  update and state to rounding, grouped or not.
   """
 
   def update_fn(updates, state, params=None):
@@ -232,7 +246,8 @@ def fused_scalar_adam(
       for (path, g), w, *rest in zip(flat, *(treedef.flatten_up_to(t) for t in trees))  # type: ignore[attr-defined]
     ]
     results: list[Any] = [None] * len(leaves)
-    for group in _groups(leaves, group_frames):
+    grouped = group_by_default() if group_frames is None else bool(group_frames)
+    for group in _groups(leaves, grouped):
       cd = leaves[group[0][0]].compute_dtype
       if len(group) == 1 and len(group[0]) == 1:
         # One leaf: its own layout (the products read W through its transpose).
@@ -260,7 +275,10 @@ def fused_scalar_adam(
       n_batch = len(leaves[group[0][0]].nu.shape)
       wf, gf, m_prev, nu = (_cat([getattr(lay, f) for lay in layouts]) for f in _STACKED)
       lr = _cat([lay.neg_lr for lay in layouts]).reshape((-1,) + (1,) * n_batch)
-      outs = step(wf, gf, m_prev, nu, lr, True)
+      # One layout: its products read W through the transpose, as a single leaf's do.
+      x = leaves[group[0][0]]
+      concat = len(layouts) > 1 or x.spec.is_contiguous(x.w.ndim)
+      outs = step(wf, gf, m_prev, nu, lr, concat)
       start = 0
       for lay in layouts:
         part = [o[start : start + len(lay.members)] for o in outs]

@@ -57,7 +57,7 @@ def riemannian_adam(
   frames: FramesLike = FrameSpec(),
   mu_dtype: Any = None,
   fused: bool = True,
-  group_frames: bool = True,
+  group_frames: Optional[bool] = None,
   init_tol: Optional[float] = None,
 ) -> optax.GradientTransformation:
   r"""The corrected Riemannian Adam on ``St(d, r)`` (the paper's B2; section 3.2).
@@ -94,10 +94,10 @@ def riemannian_adam(
   for eq. (3)), the cap is a per-frame scalar on ``m_t``, and no intermediate step is
   rounded to the parameter dtype between transforms. The result and the state equal
   the chain's to rounding; ``fused=False`` returns the chain itself. Every operation
-  acts on one frame at a time, so the fused update stacks the frame leaves of one
-  batch shape, ``d``, ``r`` and dtype (the query and key kernels of every layer) and
-  updates each such group in one batched pass: the number of device kernels does not
-  grow with the number of layers.
+  acts on one frame at a time, so on an accelerator the fused update stacks the frame
+  leaves of one batch shape, ``d``, ``r`` and dtype (the query and key kernels of
+  every layer) and updates each such group in one batched pass: the number of device
+  kernels does not grow with the number of layers.
 
   Example:
     >>> import jax, jax.numpy as jnp, optax, stiefax
@@ -132,10 +132,13 @@ def riemannian_adam(
       return the literal ``optax.chain`` of the transforms (``False``; same state,
       same result to rounding). The elementwise moment always runs as the chain.
     group_frames: with ``fused``, update the frame leaves of one batch shape, ``d``,
-      ``r`` and compute dtype in one batched pass (default), or each leaf on its own
-      (``False``: the same result to rounding). Grouping stacks the leaves along a new
-      axis, which keeps their sharding when they are sharded alike; turn it off for
-      leaves of the same shape sharded differently.
+      ``r`` and compute dtype in one batched pass (``True``), or each leaf on its own
+      (``False``; the same result to rounding). ``None`` (default) groups on GPUs and
+      TPUs, where the update is bound by kernel launches, and not on the CPU, where a
+      leaf's frames stay in cache and a stacked group is slower. Grouping stacks the
+      leaves along a new axis (a copy of the frames, their gradients and moments),
+      which keeps their sharding when they are sharded alike; turn it off for leaves
+      of the same shape sharded differently.
     init_tol: the largest ``max|W^T W - I|`` that ``init`` accepts (default
       ``max(1e-3, 4 eps)`` of each frame's dtype; see :func:`stiefax.polar_retract`).
 

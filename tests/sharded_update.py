@@ -48,9 +48,9 @@ def main():
   # "capped": the default B2 (fixed Newton-Schulz count); "uncapped": the stopping
   # rule, whose convergence test reduces over all frames (the control).
   tx = (
-    stiefax.riemannian_adam(1.0)
+    stiefax.riemannian_adam(1.0, group_frames=True)
     if sys.argv[1] == "capped"
-    else stiefax.riemannian_adam(1.0, max_norm=None)
+    else stiefax.riemannian_adam(1.0, max_norm=None, group_frames=True)
   )
 
   state_specs = []

@@ -30,7 +30,7 @@ def _main(module, argv, capsys, monkeypatch):
 def test_update_step_table_and_summary(capsys, monkeypatch):
   out = _main(update_step, ["--quick", "--methods", "auto", "--reps", "2"], capsys, monkeypatch)
   rows = [line.split() for line in out.splitlines() if line.startswith("(8,128,16)")]
-  assert [r[1] for r in rows] == ["adamw", "B2", "B2"]  # adamw, method=auto, chain
+  assert [r[1] for r in rows] == ["adamw", "B2", "B2", "B2"]  # adamw, auto, per leaf, chain
   # State per frame: AdamW 2 d r floats; B2 d r floats + nu + two int32 skip counters.
   assert rows[0][-1] == str(2 * 128 * 16 * 4)
   assert rows[1][-1] == str(128 * 16 * 4 + 4 + 8)
