@@ -76,10 +76,21 @@ def entry_kernels(hlo_text: str) -> collections.Counter:
   return found
 
 
+def compiled(tx: optax.GradientTransformation, params):
+  """``jax.jit(tx.update)`` compiled for ``params`` (arrays or shapes)."""
+  state = jax.eval_shape(tx.init, params)
+  return jax.jit(tx.update).lower(params, state, params).compile()
+
+
 def count(tx: optax.GradientTransformation, params) -> collections.Counter:
   """The kernels of ``jax.jit(tx.update)`` compiled for ``params`` (arrays or shapes)."""
-  state = jax.eval_shape(tx.init, params)
-  return entry_kernels(jax.jit(tx.update).lower(params, state, params).compile().as_text())
+  return entry_kernels(compiled(tx, params).as_text())
+
+
+def temp_mib(program) -> float:
+  """The temporary memory of a compiled program, MiB (0 where it is not reported)."""
+  analysis = program.memory_analysis()
+  return 0.0 if analysis is None else analysis.temp_size_in_bytes / 2**20
 
 
 OPTIMIZERS = {
@@ -94,17 +105,19 @@ OPTIMIZERS = {
 
 
 def table(layers=(1, 12), dtype=jnp.float32):
-  """``{(optimizer, layers): total}`` plus each Stiefel part, as rows of a table."""
+  """Rows of kernel counts per optimizer and each Stiefel part, then temporary MiB."""
   rows = []
   for n in layers:
     params = gpt2_tree(n, dtype=dtype)
-    totals = {name: sum(count(make(), params).values()) for name, make in OPTIMIZERS.items()}
+    programs = {name: compiled(make(), params) for name, make in OPTIMIZERS.items()}
+    totals = {name: sum(entry_kernels(p.as_text()).values()) for name, p in programs.items()}
     rows.append(
       {
         "layers": n,
         **totals,
         "stiefel part": totals["stiefel_adamw"] - totals["adamw"],
         "stiefel part per leaf": totals["stiefel_adamw per leaf"] - totals["adamw"],
+        **{f"{name} temp MiB": round(temp_mib(p), 1) for name, p in programs.items()},
       }
     )
   return rows

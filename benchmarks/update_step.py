@@ -57,7 +57,7 @@ def family(frames):
   }
 
 
-def bench_shape(shape, frames, methods, reps, with_family=False, layers=1):
+def bench_shape(shape, frames, methods, reps, with_family=False, layers=1, dtype=None):
   keys = iter(jax.random.split(jax.random.key(0), 4 * layers))
   init = stiefax.flax.orthonormal_init(frames)
 
@@ -66,6 +66,8 @@ def bench_shape(shape, frames, methods, reps, with_family=False, layers=1):
 
   params = layer() if layers == 1 else {f"layer_{i}": layer() for i in range(layers)}
   grads = jax.tree.map(lambda w: jax.random.normal(next(keys), w.shape), params)
+  if dtype is not None:
+    params, grads = jax.tree.map(lambda x: x.astype(dtype), (params, grads))
   n_frames = 2 * layers * math.prod(frames.frame_shape(shape)[0])
 
   txs = {"adamw": optax.adamw(1e-3, weight_decay=0.0)}

@@ -132,3 +132,26 @@ def test_vs_geoopt_summary(capsys, monkeypatch):
   monkeypatch.setattr(vs_geoopt, "SHAPES", [(2, 16, 4)])
   out = _main(vs_geoopt, ["--reps", "3"], capsys, monkeypatch)
   assert re.search(r"^summary: .*\(2, 16, 4\) [0-9.]+x faster$", out, re.M)
+
+
+@pytest.mark.slow
+def test_gpu_script_runs_at_tiny_sizes(tmp_path, capsys):
+  from benchmarks import gpu  # pylint: disable=g-import-not-at-top
+
+  gpu.main(["--tiny", "--out", str(tmp_path)])
+  out = capsys.readouterr().out
+  (path,) = tmp_path.glob("*.json")
+  result = json.loads(path.read_text())
+  assert path.with_suffix(".md").exists()
+  assert re.search(r"^summary: wrote .*\.json in [0-9.]+ s$", out, re.M)
+  # Every update row against AdamW, for the default, the other grouping and the chain.
+  for shape in ("(2,16,4)", "3L(2,16,4)"):
+    labels = [r["optimizer"] for r in result["update"] if r["shape"] == shape]
+    assert labels[0] == "adamw" and len(labels) == 4, labels
+  assert all(r["ms"] > 0 for r in result["update"] + result["train_step"])
+  # Both training steps, B2 against A2, with their compiled memory.
+  models = {r["model"] for r in result["train_step"]}
+  assert len(models) == 2 and all(r["step_bytes"] for r in result["train_step"])
+  assert {r["arm"] for r in result["train_step"]} == {"A2", "B2"}
+  kernels = {r["layers"]: r for r in result["kernels"]}
+  assert kernels[3]["stiefel part"] <= kernels[1]["stiefel part"] * 2
