@@ -13,6 +13,11 @@ compiled HLO with the bytes of its result on one device:
 
     python -m benchmarks.comm_table                      # d=768, H=K=12, r=64, 1 layer
     python -m benchmarks.comm_table --d 32 --heads 4 --kv-heads 2 --head-dim 8 --layers 2
+    python -m benchmarks.comm_table --layers 2 --group-frames on   # as accelerators run it
+
+``--group-frames`` chooses how the fused update treats the frame leaves of one shape:
+``auto`` as the backend's default (grouped on accelerators, one leaf at a time on the
+CPU), ``on`` stacked into one batched pass, ``off`` one leaf at a time.
 
 The counts are the same on several processes (the test suite's two-process run of
 `examples/multiprocess.py` counts them there) and on accelerators up to how XLA
@@ -28,6 +33,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import argparse
 import datetime
+import functools
 import re
 
 import jax
@@ -70,7 +76,10 @@ def specs(layout: str) -> tuple[P, P]:
   return P(heads, rows, None), P(None, heads, rows, None)
 
 
-def compile_update(layout, mesh, layers, d, heads, kv_heads, head_dim):
+GROUPING = {"auto": None, "on": True, "off": False}
+
+
+def compile_update(layout, mesh, layers, d, heads, kv_heads, head_dim, group_frames=None):
   """The compiled HLO text of the update of every layer's W_Q, W_K in ``layout``."""
   q_spec, kv_spec = specs(layout)
   init = stiefax.flax.orthonormal_init
@@ -84,7 +93,8 @@ def compile_update(layout, mesh, layers, d, heads, kv_heads, head_dim):
         "kv_einsum": {"w": jax.device_put(kv, NamedSharding(mesh, kv_spec))},
       }
     }
-  tx = stiefax.stiefel_adamw(1e-3, weight_decay=0.01)
+  stiefel = functools.partial(stiefax.riemannian_adam, group_frames=group_frames)
+  tx = stiefax.stiefel_adamw(1e-3, weight_decay=0.01, stiefel=stiefel)
   replicated = NamedSharding(mesh, P())
 
   def on_mesh(x):
@@ -128,13 +138,13 @@ def table(args) -> str:
     f"mesh data={n_data} x model={n_model}; {args.layers} layer(s) of W_Q ({args.heads},"
     f" {args.d}, {args.head_dim}) and W_K ({args.kv_heads}, {args.d}, {args.head_dim}),"
     f" float32, {frame_bytes(*shape):,} bytes in all; jax {jax.__version__},"
-    f" {datetime.date.today().isoformat()}",
+    f" {datetime.date.today().isoformat()}; --group-frames {args.group_frames}",
     "",
     "| layout | " + " | ".join(COLLECTIVES) + " | bytes in all |",
     "|---|" + "---|" * (len(COLLECTIVES) + 1),
   ]
   for layout in args.layouts.split(","):
-    comm = collectives(compile_update(layout, mesh, *shape))
+    comm = collectives(compile_update(layout, mesh, *shape, GROUPING[args.group_frames]))
     cells = [f"{c['count']} ({c['bytes']:,} B)" if c["count"] else "0" for c in comm.values()]
     total = sum(c["bytes"] for c in comm.values())
     lines.append(f"| {layout} | " + " | ".join(cells) + f" | {total:,} |")
@@ -150,6 +160,7 @@ def main():
   parser.add_argument("--head-dim", type=int, default=64)
   parser.add_argument("--mesh", default="2x2", help="data x model (default 2x2)")
   parser.add_argument("--layouts", default=",".join(LAYOUTS))
+  parser.add_argument("--group-frames", default="auto", choices=tuple(GROUPING))
   print(table(parser.parse_args()))
 
 

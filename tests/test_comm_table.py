@@ -11,10 +11,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.timeout(240)
-def test_comm_table_heads_send_nothing_and_rows_reduce_only_grams():
+@pytest.mark.parametrize("group_frames", ["off", "on"])
+def test_comm_table_heads_send_nothing_and_rows_reduce_only_grams(group_frames):
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
   env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+  # Two layers: grouped, each layer's query kernels form one group and key kernels another.
   args = ["--d", "32", "--heads", "4", "--kv-heads", "2", "--head-dim", "8", "--layers", "2"]
+  args += ["--group-frames", group_frames]
   proc = subprocess.run(
     [sys.executable, "-m", "benchmarks.comm_table", *args],
     cwd=ROOT,
