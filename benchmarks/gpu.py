@@ -224,7 +224,7 @@ def main(argv=None):
   parser.add_argument("--reps", type=int, default=None)
   args = parser.parse_args(argv)
   t0 = time.perf_counter()
-  reps = args.reps or (2 if args.tiny else 30)
+  reps = args.reps or (2 if args.tiny else 20)
   device = jax.devices()[0]
   result = dict(
     device=f"{device.platform} {getattr(device, 'device_kind', '')}".strip(),
