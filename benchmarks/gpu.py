@@ -153,7 +153,7 @@ def patch_rows(reps, batch):
 def lm_rows(config, reps, batch, dtype="bfloat16"):
   model = lm_model.DecoderLM(config)
   tokens = jax.random.randint(jax.random.key(0), (batch, config.seq + 1), 0, config.vocab)
-  params = model.init(jax.random.key(1), tokens[:, :-1])["params"]
+  params = jax.jit(model.init)(jax.random.key(1), tokens[:, :-1])["params"]
   params = stiefax.flax.project_params({"params": params}, frames=stiefax.layouts.qk_frames())
   params = jax.tree.map(lambda x: x.astype(dtype), params)
 

@@ -146,6 +146,10 @@ def riemannian_adam(
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
   _routing.check_name("moment", moment, MOMENTS)
+  if group_frames is not None and not isinstance(group_frames, bool):
+    raise ValueError(
+      f"stiefax.riemannian_adam: group_frames must be None, True or False, got {group_frames!r}."
+    )
   _routing.check_hyperparams(
     "riemannian_adam",
     learning_rate=learning_rate,

@@ -305,3 +305,13 @@ def test_grouped_under_partition_multisteps_inject_and_donation(rng):
 
   assert float(jnp.max(jnp.abs(at(grouped) - at(start)))) > 1e-2  # the frames moved
   assert float(stiefax.diagnostics.isometry_error(at(grouped))) < 1e-5
+
+
+def test_group_frames_takes_none_or_a_bool():
+  with pytest.raises(ValueError, match=r"^stiefax.riemannian_adam: group_frames must be"):
+    stiefax.riemannian_adam(1.0, group_frames="yes")
+  # The literal chain and the elementwise moment run one transform per leaf anyway.
+  for kw in (dict(fused=False), dict(moment="elementwise")):
+    assert isinstance(
+      stiefax.riemannian_adam(1.0, group_frames=True, **kw), optax.GradientTransformation
+    )
