@@ -14,8 +14,9 @@ Runs, optimizers taking turns in one process (medians of interleaved rounds):
   where the device reports it, its peak memory;
 * the kernels of the compiled update (:mod:`benchmarks.kernels`) on this backend.
 
-Sized to finish within 8 minutes on one GPU. ``--tiny`` runs the same paths at toy
-sizes (the CPU test of the slow suite).
+Sized to finish within 8 minutes on one GPU: the JSON is rewritten after every part,
+and the parts not started after ``--budget-s`` (default 420) are skipped and listed.
+``--tiny`` runs the same paths at toy sizes (the CPU test of the slow suite).
 
     python -m benchmarks.gpu [--out results/gpu] [--tiny]
 """
@@ -211,9 +212,12 @@ def markdown(result) -> str:
     out.append(
       f"| {r['model']} | {r['dtype']} | {r['arm']} | {r['ms']:.2f} | {r['x_a2']:.3f} | {mem} |"
     )
-  out += ["", "| layers | " + " | ".join(k for k in result["kernels"][0] if k != "layers") + " |"]
-  out += ["|" + "---|" * len(result["kernels"][0])]
-  out += ["| " + " | ".join(str(v) for v in r.values()) + " |" for r in result["kernels"]]
+  if result["kernels"]:
+    out += ["", "| " + " | ".join(result["kernels"][0]) + " |"]
+    out += ["|" + "---|" * len(result["kernels"][0])]
+    out += ["| " + " | ".join(str(v) for v in r.values()) + " |" for r in result["kernels"]]
+  if result["skipped"]:
+    out += ["", "skipped (past the time budget): " + ", ".join(result["skipped"])]
   return "\n".join(out) + "\n"
 
 
@@ -222,6 +226,12 @@ def main(argv=None):
   parser.add_argument("--out", default="results/gpu", help="folder of the JSON and tables")
   parser.add_argument("--tiny", action="store_true", help="toy sizes (a CPU check)")
   parser.add_argument("--reps", type=int, default=None)
+  parser.add_argument(
+    "--budget-s",
+    type=float,
+    default=420.0,
+    help="seconds after which the parts not yet started are skipped (listed in the JSON)",
+  )
   args = parser.parse_args(argv)
   t0 = time.perf_counter()
   reps = args.reps or (2 if args.tiny else 20)
@@ -231,19 +241,41 @@ def main(argv=None):
     jax=jax.__version__,
     date=datetime.date.today().isoformat(),
     tiny=args.tiny,
+    update=[],
+    train_step=[],
+    kernels=[],
+    skipped=[],
   )
-  result["update"] = update_rows(TINY_UPDATES if args.tiny else FULL_UPDATES, reps)
-  result["train_step"] = patch_rows(reps, 8 if args.tiny else 256)
-  result["train_step"] += lm_rows(TINY_LM if args.tiny else GPT2, reps, 2 if args.tiny else 8)
-  for r in result["train_step"]:
-    print(f"step {r['model']:<50} {r['arm']} {r['ms']:8.2f} ms {r['x_a2']:.3f}x A2", flush=True)
-  result["kernels"] = kernels.table((1, 3) if args.tiny else (1, 12))
-  result["seconds"] = round(time.perf_counter() - t0, 1)
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   stem = f"{device.platform}-{'tiny-' if args.tiny else ''}{result['date']}"
-  (out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
-  (out / f"{stem}.md").write_text(markdown(result))
+
+  def save():  # after every part, so a run stopped from outside keeps what it measured
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / f"{stem}.md").write_text(markdown(result))
+
+  def run(name, fn):
+    if time.perf_counter() - t0 > args.budget_s:
+      result["skipped"].append(name)
+      print(f"skipped {name}: past the budget of {args.budget_s:.0f} s", flush=True)
+      return []
+    rows = fn()
+    save()
+    return rows
+
+  for spec in TINY_UPDATES if args.tiny else FULL_UPDATES:
+    result["update"] += run(
+      f"update {spec[0]} {spec[-1]}", lambda spec=spec: update_rows([spec], reps)
+    )
+  result["train_step"] += run("patches step", lambda: patch_rows(reps, 8 if args.tiny else 256))
+  result["train_step"] += run(
+    "decoder step", lambda: lm_rows(TINY_LM if args.tiny else GPT2, reps, 2 if args.tiny else 8)
+  )
+  for r in result["train_step"]:
+    print(f"step {r['model']:<50} {r['arm']} {r['ms']:8.2f} ms {r['x_a2']:.3f}x A2", flush=True)
+  result["kernels"] = run("kernels", lambda: kernels.table((1, 3) if args.tiny else (1, 12)))
+  save()
   print(markdown(result))
   print(f"summary: wrote {out / (stem + '.json')} in {result['seconds']} s")
 

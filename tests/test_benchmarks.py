@@ -155,3 +155,15 @@ def test_gpu_script_runs_at_tiny_sizes(tmp_path, capsys):
   assert {r["arm"] for r in result["train_step"]} == {"A2", "B2"}
   kernels = {r["layers"]: r for r in result["kernels"]}
   assert kernels[3]["stiefel part"] <= kernels[1]["stiefel part"] * 2
+
+
+def test_gpu_script_skips_what_its_budget_leaves_out_and_still_writes(tmp_path, capsys):
+  from benchmarks import gpu  # pylint: disable=g-import-not-at-top
+
+  gpu.main(["--tiny", "--out", str(tmp_path), "--budget-s", "0"])
+  (path,) = tmp_path.glob("*.json")
+  result = json.loads(path.read_text())
+  assert result["update"] == result["train_step"] == result["kernels"] == []
+  assert result["skipped"][-3:] == ["patches step", "decoder step", "kernels"]
+  assert len(result["skipped"]) == len(gpu.TINY_UPDATES) + 3
+  assert "skipped (past the time budget)" in path.with_suffix(".md").read_text()
