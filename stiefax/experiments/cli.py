@@ -5,9 +5,10 @@ Each command lives in its own module of :mod:`stiefax.experiments`, which define
 its name in :data:`COMMANDS`, so ``stiefax --help`` imports no command (and neither
 jax, flax nor optax). A :class:`CommandError` raised by a command prints one
 line (``stiefax <command>: error: ...``) and exits with status 2, never a traceback; so
-does an ``OSError`` (a full disk, an unwritable folder), and a missing dependency of the
-``experiments`` extra, which the line names with the command that installs it. SIGTERM is handled as Ctrl-C
-(exit status 128 + the signal); after either, a further one ends the process quietly.
+does an ``OSError`` (a full disk, an unwritable folder), and so does a missing
+dependency of the ``experiments`` extra, whose line names the command that installs it.
+SIGTERM is handled as Ctrl-C (exit status 128 + the signal); after either, a further one
+ends the process quietly.
 """
 
 from __future__ import annotations
