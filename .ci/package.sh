@@ -8,7 +8,7 @@ set -euo pipefail
 start=$SECONDS
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+trap 'rm -rf "$work"; echo "package: ended after $((SECONDS - start)) s (with the cleanup)"' EXIT
 stage() { echo "package: [$((SECONDS - start)) s] $*"; }
 
 stage "build"
@@ -49,4 +49,4 @@ stage "stiefax lm"
 stage "stiefax grok"
 "$bin/stiefax" grok --epochs 50 --out "$work/grok" 2>/dev/null  # stderr: progress bars
 [ "$(ls "$work"/lm/*.json | wc -l)" -eq 2 ] && [ "$(ls "$work"/grok/*.json | wc -l)" -eq 2 ]
-echo "package: built, checked, installed and run in $((SECONDS - start)) s"
+stage "all checks passed"
