@@ -42,6 +42,62 @@ def test_version_flag_from_the_command_line():
   assert stiefax.__version__.count(".") == 2
 
 
+def test_the_command_line_needs_no_module_preloaded_by_site():
+  """``stiefax --version`` in an interpreter that imported nothing for the package: an
+  editable install's import hook (and ``python -m``'s runpy) import ``importlib.util``
+  first, which once hid the dispatcher's missing ``import importlib.util``."""
+  code = (
+    "import sys; assert 'importlib.util' not in sys.modules; "
+    "from stiefax.experiments import cli; sys.exit(cli.main(['--version']))"
+  )
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  proc = subprocess.run(
+    [sys.executable, "-S", "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+  )
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.strip() == f"stiefax {stiefax.__version__}"
+
+
+@pytest.fixture
+def command_needing(monkeypatch, tmp_path):
+  """Registers a command ``needy`` whose module imports the module the test names,
+  which is made missing (``None`` in ``sys.modules`` fails its import)."""
+
+  def make(missing: str) -> str:
+    (tmp_path / "needy_command.py").write_text(f"import {missing}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(sys.modules, missing, None)
+    monkeypatch.setitem(cli.COMMANDS, "needy", ("needy_command", "needs a missing module"))
+    return "needy"
+
+  yield make
+  sys.modules.pop("needy_command", None)
+
+
+@pytest.mark.parametrize("missing", ["tqdm", "orbax.checkpoint", "PIL"])
+def test_a_command_without_the_experiments_extra_names_it_in_one_line(
+  capsys, command_needing, missing
+):
+  name = command_needing(missing)
+  dist = cli.EXPERIMENTS_EXTRA[missing.partition(".")[0]]
+  err = harness.one_line_error(capsys, [name], 'pip install "stiefax[experiments]"')
+  assert err.startswith(f"stiefax {name}: error: {dist} is not installed")
+
+
+def test_a_missing_module_outside_the_extra_is_not_hidden(command_needing):
+  name = command_needing("stiefax_missing_dependency")
+  with pytest.raises(ModuleNotFoundError, match="stiefax_missing_dependency"):
+    cli.main([name])
+
+
+def test_the_extras_import_names_are_the_experiments_extra():
+  tomllib = pytest.importorskip("tomllib")
+  project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+  extra = project["optional-dependencies"]["experiments"]
+  dists = {req.split(">")[0].split("=")[0].split("[")[0].strip() for req in extra}
+  assert set(cli.EXPERIMENTS_EXTRA.values()) == dists
+
+
 # The modules that make ``import stiefax.experiments.cli`` (and ``stiefax --help``) slow.
 HEAVY = ("jax", "jaxlib", "flax", "optax", "orbax", "matplotlib", "scipy", "sklearn")
 

@@ -8,6 +8,8 @@ so the compiled programs are shared), the signal tests a real ``stiefax`` proces
 
 import dataclasses
 import errno
+import gc
+import inspect
 import json
 import os
 import pathlib
@@ -371,7 +373,36 @@ def _largest_file(folder: pathlib.Path) -> pathlib.Path:
   return max(files, key=lambda p: p.stat().st_size)
 
 
+def _abandoned_read(u) -> bool:
+  """Whether the unraisable exception ``u`` comes from a read that Orbax abandoned."""
+  if inspect.iscoroutine(u.object):  # closed by the garbage collector
+    return "orbax" in pathlib.Path(u.object.cr_code.co_filename).parts
+  # TensorStore, finishing the read, wakes the event loop that Orbax closed.
+  return isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed"
+
+
+@pytest.fixture
+def abandoned_reads_dropped():
+  """Drops the unraisable exceptions of the reads a failed Orbax restore abandons.
+
+  Orbax (0.12) restores in an event loop of its own and closes it when a read fails,
+  with the reads of the other arrays still pending; each raises from its ``except
+  BaseException`` when TensorStore finishes it ("Event loop is closed") or the garbage
+  collector closes it, at any later time. pytest reports those under whichever test is
+  running then, each with Orbax's whole TensorStore spec (about 80 lines). The test
+  collects them before it ends; any other unraisable exception is reported as usual.
+  """
+  report = sys.unraisablehook
+  sys.unraisablehook = lambda u: None if _abandoned_read(u) else report(u)
+  try:
+    yield
+    gc.collect()
+  finally:
+    sys.unraisablehook = report
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
+@pytest.mark.usefixtures("abandoned_reads_dropped")
 def test_row10_a_damaged_checkpoint_is_moved_aside_and_the_run_restarts(
   damage, tmp_path, tiny, monkeypatch, capsys
 ):

@@ -610,6 +610,7 @@ def test_attention_arms_share_the_circuit_init():
     assert added and all(any(e in k for e in extra) for k in added), (name, added)
 
 
+@pytest.mark.slow  # its module fixture trains three arms: about 110 s of a loaded core
 def test_attention_arms_run_end_to_end(attention_runs, tiny_runs):
   for name in _ATTENTION_ARMS:
     r = _load(attention_runs, name)

@@ -2,11 +2,14 @@
 
 No import cycles, no reaching into private names, and one home per public name: every
 name is defined in exactly one module and exported from ``stiefax`` or from one
-documented submodule (the modules of the API reference), never from two.
+documented submodule (the modules of the API reference), never from two. Across the
+package, the benchmarks and the examples, a standard-library submodule is imported where
+it is used.
 """
 
 import ast
 import importlib
+import importlib.util
 import pathlib
 import subprocess
 import sys
@@ -307,3 +310,73 @@ def test_importing_the_package_loads_no_jax():
   code = "import stiefax, sys; print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'optax', 'flax')))"
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   assert out.stdout.strip() == "[]", out.stdout
+
+
+def _stdlib_package(name: str) -> bool:
+  if name.partition(".")[0] not in sys.stdlib_module_names:
+    return False
+  try:
+    spec = importlib.util.find_spec(name)
+  except ImportError:  # a name inside a module (inspect.Parameter), not a module
+    return False
+  return spec is not None and spec.submodule_search_locations is not None
+
+
+def _unimported_submodules(tree: ast.Module) -> list[str]:
+  """``pkg.sub`` uses of a standard-library package's submodule that ``tree`` never
+  imports (``import pkg.sub``, ``from pkg import sub``): they work only where something
+  else imported it first (``importlib.util``, ``concurrent.futures``, ``xml.etree``)."""
+  imported, bound = set(), {}
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      for a in node.names:
+        parts = a.name.split(".")
+        imported.update(".".join(parts[: i + 1]) for i in range(len(parts)))
+        bound[a.asname or parts[0]] = a.name if a.asname else parts[0]
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      imported.update(f"{node.module}.{a.name}" for a in node.names)
+      bound.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+
+  def dotted(node) -> str | None:  # the module a name or attribute chain names, if any
+    if isinstance(node, ast.Name):
+      return bound.get(node.id)
+    if isinstance(node, ast.Attribute) and (outer := dotted(node.value)):
+      return f"{outer}.{node.attr}"
+    return None
+
+  found = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Attribute):
+      parent = dotted(node.value)
+      used = f"{parent}.{node.attr}"
+      if (
+        parent
+        and used not in imported
+        and _stdlib_package(parent)
+        and importlib.util.find_spec(used) is not None
+      ):
+        found.append((node.lineno, used))
+  return [f"{used} (line {line})" for line, used in sorted(found)]
+
+
+def test_a_standard_library_submodule_is_imported_where_it_is_used():
+  root = PACKAGE.parent
+  offenders = {
+    str(path.relative_to(root)): bad
+    for folder in ("stiefax", "benchmarks", "examples")
+    for path in sorted((root / folder).rglob("*.py"))
+    if (bad := _unimported_submodules(ast.parse(path.read_text(encoding="utf-8"))))
+  }
+  assert not offenders, offenders
+
+
+def test_the_submodule_scan_finds_an_unimported_submodule():
+  tree = ast.parse(
+    "import importlib\nimport xml.etree\nimportlib.util.find_spec\nxml.etree.ElementTree"
+  )
+  assert _unimported_submodules(tree) == [
+    "importlib.util (line 3)",
+    "xml.etree.ElementTree (line 4)",
+  ]
+  ok = "import importlib.util\nimport os\nfrom concurrent import futures\nimportlib.util.find_spec\nos.path.join\nfutures.wait"
+  assert _unimported_submodules(ast.parse(ok)) == []

@@ -14,6 +14,10 @@ from tests.multiprocess_harness import LAYOUTS
 from tests.multiprocess_harness import TOL
 from tests.multiprocess_harness import max_diff
 
+# Slow: the two-process runs (the session fixture) take about 100 s of a loaded core, and
+# the slow suite builds them anyway for tests/test_checkpoint_topology.py.
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("layout", LAYOUTS)

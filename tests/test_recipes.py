@@ -19,6 +19,7 @@ def test_block_extraction():
   assert blocks(text) == ["x = 1\n", "y = x\n"]
 
 
+@pytest.mark.slow  # trains each recipe's model: about 50 s of a loaded core
 @pytest.mark.timeout(600)
 def test_recipes_page_executes():
   code = blocks(PAGE.read_text(encoding="utf-8"))

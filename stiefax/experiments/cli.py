@@ -5,14 +5,17 @@ Each command lives in its own module of :mod:`stiefax.experiments`, which define
 its name in :data:`COMMANDS`, so ``stiefax --help`` imports no command (and neither
 jax, flax nor optax). A :class:`CommandError` raised by a command prints one
 line (``stiefax <command>: error: ...``) and exits with status 2, never a traceback; so
-does an ``OSError`` (a full disk, an unwritable folder). SIGTERM is handled as Ctrl-C
-(exit status 128 + the signal); after either, a further one ends the process quietly.
+does an ``OSError`` (a full disk, an unwritable folder), and so does a missing
+dependency of the ``experiments`` extra, whose line names the command that installs it.
+SIGTERM is handled as Ctrl-C (exit status 128 + the signal); after either, a further one
+ends the process quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import pathlib
 import signal
@@ -33,6 +36,20 @@ COMMANDS = {
   "equivariance": ("stiefax.experiments.equivariance", "O(d)-equivariance table (paper Table 9)"),
   "covariance": ("stiefax.experiments.covariance", "covariance of optimizers under symmetries"),
 }
+
+
+#: The ``experiments`` extra of ``pyproject.toml``: its distributions by import name.
+EXPERIMENTS_EXTRA = {
+  "scipy": "scipy",
+  "matplotlib": "matplotlib",
+  "sklearn": "scikit-learn",
+  "PIL": "Pillow",
+  "tqdm": "tqdm",
+  "orbax": "orbax-checkpoint",
+}
+
+#: What the one-line error of a command run without the ``experiments`` extra advises.
+INSTALL_EXTRA = 'pip install "stiefax[experiments]"'
 
 
 class CommandError(Exception):
@@ -106,6 +123,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
   return parser, parsers
 
 
+def missing_extra(e: ModuleNotFoundError) -> str | None:
+  """The distribution of the ``experiments`` extra whose absence raised ``e``, if any."""
+  return EXPERIMENTS_EXTRA.get((e.name or "").partition(".")[0])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   """Runs ``stiefax argv`` (default: the program's arguments) and returns its exit status."""
   as_program = argv is None
@@ -113,6 +135,21 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser, parsers = build_parser()
   # Only the chosen command's module is imported (and adds its arguments).
   name = next((a for a in argv if not a.startswith("-")), None)
+  try:
+    return _dispatch(parser, parsers, name, argv, as_program)
+  except ModuleNotFoundError as e:
+    dist = missing_extra(e)
+    if dist is None:
+      raise
+    print(
+      f"stiefax {name}: error: {dist} is not installed; the command needs the experiments "
+      f"extra: {INSTALL_EXTRA}",
+      file=sys.stderr,
+    )
+    return 2
+
+
+def _dispatch(parser, parsers, name, argv, as_program) -> int:
   if name in parsers:
     sub_parser, module = parsers[name]
     mod = importlib.import_module(module)
