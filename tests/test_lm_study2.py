@@ -299,7 +299,9 @@ def test_the_report_of_a_whole_study_two(tmp_path):
   best_table = text.split("each arm at its best cell")[1].split("\n\n")[0]
   rows = {ln.split()[0]: ln for ln in best_table.splitlines()[3:-1]}
   assert "0.003 / 0.3" in rows["B2"] and rows["A2"].split()[1] == "0.0055"
-  assert rows["B2-fold"].split()[-1] == "0.62" and rows["B2-temp"].split()[-1] == "1.25"
+  attn = text.split("the same runs' attention")[1].split("\n\n")[0]
+  ratio = {ln.split()[0]: ln.split()[2] for ln in attn.splitlines()[5:]}
+  assert ratio["B2-fold"] == "0.62" and ratio["B2-temp"] == "1.25"
   assert "(6)" in rows["B2-fold"] and "better" in rows["B2-fold"]
   assert "B2 - B2@study1" in text and "B2-fold - B2-temp" in text
   assert text.count("A2-temp - A2 ") == 1

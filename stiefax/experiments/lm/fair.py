@@ -223,35 +223,32 @@ def _seeds_at(arm_runs: dict, cell: Cell) -> dict:
 def _grid_tables(by: dict, best: dict) -> list[str]:
   lines: list[str] = []
   if "B2" in by:
-    rows = []
+    rows: list[list[str]] = []
     for f in E1_FRAME_RATES:
-      cells_ = [_cell_mean(by["B2"], (a, f)) for a in E1_ADAMW_RATES]
+      losses = [_cell_mean(by["B2"], (a, f)) for a in E1_ADAMW_RATES]
       caps = [_mean_cap(by["B2"], (a, f)) for a in E1_ADAMW_RATES]
       rows.append(
-        [f"B2, frame rate {f:g}"] + [num(x, ".3f") for x in cells_] + [num(x, ".2f") for x in caps]
+        [f"B2, frame rate {f:g}"] + [num(x, ".3f") for x in losses] + [num(x, ".2f") for x in caps]
       )
     head = [f"AdamW {a:g}" for a in E1_ADAMW_RATES]
     lines += [
-      "study 2, E1 (the frame step): final validation loss, bits per byte (mean over"
-      " seeds 0-1), and the fraction of frame steps the cap shortened",
+      "study 2, E1 (the frame step): final validation loss, bits per byte (mean over",
+      "  seeds 0-1), and the fraction of frame steps the cap shortened",
       table(["cell", *head, *(f"cap binds, {a:g}" for a in E1_ADAMW_RATES)], rows),
       "",
     ]
-  rate_rows = []
-  for arm in ("A2", "A2-qknorm", "A2-temp", *E2_ARMS):
+  rate_rows: list[list[str]] = []
+  for arm in ("A2-temp", *E2_ARMS):
     if arm not in by:
       continue
-    frames = sorted({c[1] for c, _ in by[arm]})
-    for f in frames:
-      rates = sorted({c[0] for c, _ in by[arm] if c[1] == f})
-      label = arm if f == _UNUSED_FRAME_RATE and arm.startswith("A2") else f"{arm}, frame {f:g}"
-      cells_ = ", ".join(f"{a:g}: {num(_cell_mean(by[arm], (a, f)), '.3f')}" for a in rates)
-      rate_rows.append([label, cells_])
+    for f in sorted({c[1] for c, _ in by[arm]}):
+      label = arm if arm.startswith("A2") else f"{arm}, frame {f:g}"
+      rate_rows.append([label, *(num(_cell_mean(by[arm], (a, f)), ".3f") for a in E2_ADAMW_RATES)])
   if rate_rows:
     lines += [
-      "study 2: final validation loss per AdamW rate, bits per byte (mean over seeds 0-1;"
-      " '-': a seed is missing)",
-      table(["arm", "rate: loss"], rate_rows),
+      "study 2, E2 and E3: final validation loss, bits per byte",
+      "  (mean over seeds 0-1; '-': a seed is missing)",
+      table(["arm", *(f"AdamW {a:g}" for a in E2_ADAMW_RATES)], rate_rows),
       "",
     ]
   budget = []
@@ -303,59 +300,47 @@ def _best_tables(by: dict, best: dict) -> list[str]:
     chosen["B2@study1"] = _seeds_at(by["B2"], _STUDY1_B2)
   if not chosen:
     return []
-  rows = []
+  rows, attn_rows = [], []
   for arm, seeds in chosen.items():
     test = {s: _test(r) for s, r in seeds.items()}
     mean, std = stats.summarize(list(test.values()))
     rs = list(seeds.values())
     m = [r["metrics"] for r in rs]
-    a = {s: r for s, r in chosen.get("A2", {}).items()}
-    q = {s: r for s, r in chosen.get("A2-qknorm", {}).items()}
-    vs_a = _pair_cells(a, seeds) if arm != "A2" else ["-"] * 4
-    vs_q = _pair_cells(q, seeds) if arm != "A2-qknorm" else ["-"] * 4
+    vs_a = _pair_cells(chosen.get("A2", {}), seeds) if arm != "A2" else ["-"] * 4
+    vs_q = _pair_cells(chosen.get("A2-qknorm", {}), seeds) if arm != "A2-qknorm" else ["-"] * 4
     cell = best.get(arm, _STUDY1_B2)
+    where = f"{cell[0]:g}" + ("" if not arm.startswith("B2") else f" / {cell[1]:g}")
     rows.append(
+      [arm, where, str(len(rs)), f"{mean:.4f} ± {std:.4f}", vs_a[0], vs_a[3], vs_q[0], vs_q[3]]
+    )
+    attn_rows.append(
       [
         arm,
-        f"{cell[0]:g}" + ("" if not arm.startswith("B2") else f" / {cell[1]:g}"),
-        str(len(rs)),
-        f"{mean:.4f} ± {std:.4f}",
-        vs_a[0],
-        vs_a[3],
-        vs_q[0],
-        vs_q[3],
         f"{np.nanmean([x['max_logit_max'] for x in m]):.1f}",
         num(_bound_ratio(rs), ".2f"),
+        f"{np.nanmean([x['entropy'] for x in m]):.2f}",
+        f"{np.nanmean([x['isometry'] for x in m]):.1e}",
       ]
     )
+  head = ["arm", "lr / frame", "seeds", "test bpb", "Δ vs A2", "verdict"]
   lines = [
-    "study 2, each arm at its best cell: test loss, bits per byte (paired by seed;"
-    " Δ = arm - A2 or arm - A2-qknorm, negative is better; (n) paired seeds)",
-    table(
-      [
-        "arm",
-        "lr / frame",
-        "seeds",
-        "test bpb",
-        "Δ vs A2",
-        "verdict",
-        "Δ vs A2-qknorm",
-        "verdict",
-        "max logit",
-        "logit / bound",
-      ],
-      rows,
-    ),
-    f"  verdict: both 95% intervals agree, on >= {stats.MIN_SEEDS} paired seeds; otherwise"
-    " not settled. logit / bound: the largest logit seen over the head's certified bound"
-    " (every evaluation and head; '-' where no bound applies).",
+    "study 2, each arm at its best cell: test loss, bits per byte (paired by seed;",
+    "  Δ = arm - A2 or arm - A2-qknorm, negative is better; (n) paired seeds)",
+    table([*head, "Δ vs A2-qknorm", "verdict"], rows),
+    f"  verdict: both 95% intervals agree, on >= {stats.MIN_SEEDS} paired seeds;"
+    " otherwise not settled.",
+    "",
+    "study 2, the same runs' attention (means over seeds): largest logit during training,",
+    "  largest logit over its head's certified bound (every evaluation and head; '-' where",
+    "  no bound applies), entropy at the end, isometry error",
+    table(["arm", "max logit", "logit / bound", "entropy", "isometry"], attn_rows),
     "",
   ]
   crow = []
   pairs = (*((arm, "A2") for arm in chosen if arm != "A2"), *CONTRASTS)
-  for b, a in dict.fromkeys(pairs):
-    if a in chosen and b in chosen:
-      crow.append([f"{b} - {a}", *_pair_cells(chosen[a], chosen[b])])
+  for arm_b, arm_a in dict.fromkeys(pairs):
+    if arm_a in chosen and arm_b in chosen:
+      crow.append([f"{arm_b} - {arm_a}", *_pair_cells(chosen[arm_a], chosen[arm_b])])
   if crow:
     lines += [
       "study 2, contrasts: test loss Δ = b - a, bits per byte ((n) paired seeds)",
