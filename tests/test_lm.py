@@ -197,6 +197,7 @@ def test_contrasts_pair_arms_at_their_own_best_rates():
   assert tables._contrast_table({"B2": chosen["B2"]}) == []
 
 
+@pytest.mark.slow
 def test_the_command_trains_skips_and_reports(tmp_path, capsys):
   out = tmp_path / "lm"
   argv = ["lm", "--arms", "A2,B2", "--steps", "50", "--out", str(out), "--no-progress"]
