@@ -155,4 +155,5 @@ def __getattr__(name: str) -> typing.Any:
 
 
 def __dir__() -> list[str]:
-  return sorted(set(globals()) | set(__all__))
+  """The public names and the module's dunder attributes, not the loader's imports."""
+  return sorted(set(__all__) | {n for n in globals() if n.startswith("__")})

@@ -9,21 +9,16 @@ params.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 from typing import Callable
 from typing import Optional
-from typing import TypeVar
-import weakref
 
 import jax
 import jax.numpy as jnp
 
 from stiefax import geometry
 from stiefax.frames import FrameSpec
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 PARAMS_REQUIRED = (
   "stiefax.{name} needs the current point W: call"
@@ -196,56 +191,6 @@ def check_name(kind: str, name: Any, valid: tuple[str, ...]) -> None:
   """A ValueError naming the valid choices when ``name`` is not one of them."""
   if name not in valid:
     raise ValueError(f"Unknown {kind} {name!r}; valid {kind}s are {valid}.")
-
-
-# What each rebuildable factory call was given: the transform's update function (a
-# fresh closure per call) -> (factory, args, kwargs). Weak keys: an entry lives as long
-# as its transform.
-_BUILT: weakref.WeakKeyDictionary[Any, tuple] = weakref.WeakKeyDictionary()
-_UNSET = object()
-
-
-def rebuildable(fn: F) -> F:
-  """Lets :func:`with_frames` rebuild the factory's transforms with other ``frames``."""
-
-  @functools.wraps(fn)
-  def factory(*args: Any, **kwargs: Any) -> Any:
-    tx = fn(*args, **kwargs)
-    _BUILT[tx.update] = (fn, args, kwargs)
-    return tx
-
-  return factory  # type: ignore[return-value]
-
-
-def _same_frames(a: Any, b: Any) -> bool:
-  try:
-    return bool(a is b or a == b)
-  except Exception:
-    return False
-
-
-def with_frames(tx: Any, frames: Any, explicit: bool, who: str = "stiefel_adamw") -> Any:
-  """``tx`` viewing its parameters through ``frames``: the frames given once.
-
-  A transform built by a :func:`rebuildable` factory without ``frames=`` is rebuilt
-  with ``frames``; one built with its own ``frames=`` is kept, and a ValueError when
-  ``explicit`` (the caller was given ``frames`` too) and the two differ. Any other
-  transform (``optax.adam``, ``optax.set_to_zero``, ...) is returned as it is.
-  """
-  entry = _BUILT.get(tx.update)
-  if entry is None:
-    return tx
-  fn, args, kwargs = entry
-  own = kwargs.get("frames", _UNSET)
-  if own is _UNSET:
-    return fn(*args, **{**kwargs, "frames": frames})
-  if explicit and not _same_frames(own, frames):
-    raise ValueError(
-      f"stiefax.{who}: frames are given twice and differ: frames={frames!r} and"
-      f" stiefel={fn.__name__}(..., frames={own!r}). Give them once, to {who}: it"
-      " passes them on to the frame transform."
-    )
-  return tx
 
 
 def _at(rate: Any, count: Any) -> Any:

@@ -27,6 +27,7 @@ from stiefax.layouts import decay_mask
 from stiefax.layouts import layout_of
 from stiefax.layouts import path_names
 from stiefax.layouts import qk_frames
+from stiefax.layouts import resolve_frames
 from stiefax.projections import project
 from stiefax.projections import step_norm_cap
 
@@ -42,7 +43,6 @@ __all__ = [
 MOMENTS = ("scalar", "elementwise")
 
 
-@_routing.rebuildable
 def riemannian_adam(
   learning_rate: optax.ScalarOrSchedule,
   *,
@@ -54,7 +54,7 @@ def riemannian_adam(
   moment: str = "scalar",
   method: str = "auto",
   retraction: str = "polar",
-  frames: FramesLike = FrameSpec(),
+  frames: FramesLike = None,
   mu_dtype: Any = None,
   fused: bool = True,
   group_frames: Optional[bool] = None,
@@ -124,9 +124,8 @@ def riemannian_adam(
     method: the polar retraction's method, see :func:`stiefax.polar_retract`.
     retraction: ``"polar"`` (the paper's), ``"qr"`` or ``"cayley"``; see
       :func:`stiefax.retract`.
-    frames: how each leaf is viewed as frames. Given as ``stiefel=`` to
-      :func:`stiefel_adamw` without it, the transform takes the frames of
-      ``stiefel_adamw`` (so they are given once).
+    frames: how each leaf is viewed as frames (``None``: by its name, see
+      :func:`stiefax.layouts.resolve_frames`).
     mu_dtype: dtype of the first moment (default: the parameter's).
     fused: compute the scalar-moment update in one pass per frame (default), or
       return the literal ``optax.chain`` of the transforms (``False``; same state,
@@ -205,14 +204,13 @@ def _retraction(
   return transforms.retract(retraction, method, frames=frames, step_bound=bound, init_tol=init_tol)
 
 
-@_routing.rebuildable
 def riemannian_sgd(
   learning_rate: optax.ScalarOrSchedule,
   *,
   projector: str = "grassmann",
   method: str = "auto",
   retraction: str = "polar",
-  frames: FramesLike = FrameSpec(),
+  frames: FramesLike = None,
   init_tol: Optional[float] = None,
 ) -> optax.GradientTransformation:
   """Fixed-step Riemannian SGD on ``St(d, r)``: PA16 / B2-SGD (Bonnabel 2013).
@@ -234,7 +232,8 @@ def riemannian_sgd(
     projector: ``"grassmann"`` (PA16), ``"stiefel"`` or ``"canonical"``.
     method: the polar retraction's method, see :func:`stiefax.polar_retract`.
     retraction: ``"polar"``, ``"qr"`` or ``"cayley"``; see :func:`stiefax.retract`.
-    frames: how each leaf is viewed as frames.
+    frames: how each leaf is viewed as frames (``None``: by its name, see
+      :func:`stiefax.layouts.resolve_frames`).
     init_tol: the largest ``max|W^T W - I|`` that ``init`` accepts (default
       ``max(1e-3, 4 eps)`` of each frame's dtype).
 
@@ -325,6 +324,37 @@ def _rest_leaves(rest_tree: Any, found: list) -> list:
   return [None if spec is None else next(leaves) for spec in found]
 
 
+def _keeps_own_frames(
+  stiefel: optax.GradientTransformation, frames: FramesLike
+) -> optax.GradientTransformation:
+  """``stiefel``, whose ``init`` refuses ``frames`` that differ from the default reading.
+
+  A ready transform keeps the frames it was built with, which cannot be read back: if
+  ``frames`` reads a frame parameter otherwise than ``frames=None`` does, the two may
+  disagree, and the frames would be trained in another view than the one asked for.
+  """
+
+  def init_fn(params):
+    for path, w in jax.tree_util.tree_flatten_with_path(params)[0]:
+      spec = checked_frames(frames, path, w)
+      try:
+        default = resolve_frames(None, path, w)
+      except ValueError:
+        default = None
+      if spec != default:
+        where = "/".join(path_names(path)) or "<root>"
+        raise ValueError(
+          f"stiefax.stiefel_adamw: frames= reads the parameter at {where} as"
+          f" {spec!r}, but stiefel= is a ready transform, which keeps its own frames"
+          " (they are not passed on to it); pass a factory instead, e.g."
+          " stiefel=functools.partial(stiefax.riemannian_adam, eps=1e-3), which is"
+          " called with these frames."
+        )
+    return stiefel.init(params)
+
+  return optax.GradientTransformation(init_fn, stiefel.update)
+
+
 def stiefel_adamw(
   learning_rate: optax.ScalarOrSchedule,
   *,
@@ -337,6 +367,8 @@ def stiefel_adamw(
   frames: FramesLike = None,
   stiefel_learning_rate: Optional[optax.ScalarOrSchedule] = None,
   peak_learning_rate: Optional[float] = None,
+  mask: Union[Any, Callable[[optax.Params], Any], None] = decay_mask,
+  nesterov: bool = False,
 ) -> optax.GradientTransformation:
   """One optimizer for a whole model: Stiefel frames plus AdamW for the rest.
 
@@ -346,8 +378,9 @@ def stiefel_adamw(
     the labelled frames (by default the query/key weights found by
     :func:`stiefax.layouts.qk_labels`, viewed as frames by
     :func:`stiefax.layouts.qk_frames`);
-  * ``"adamw"``: ``optax.adamw(learning_rate, b1, b2, eps, weight_decay)`` on every
-    other parameter, with decay on tensors of rank >= 2 only.
+  * ``"adamw"``: ``optax.adamw(learning_rate, b1, b2, eps, weight_decay, mask,
+    nesterov=nesterov)`` on every other parameter, by default with decay on tensors of
+    rank >= 2 only (:func:`stiefax.layouts.decay_mask`).
 
   The frames' rate follows ``learning_rate`` in shape, at its own scale::
 
@@ -392,16 +425,16 @@ def stiefel_adamw(
 
   Args:
     learning_rate: AdamW's rate (a float or an Optax schedule).
-    weight_decay: AdamW's decoupled decay for rank >= 2 non-frame tensors.
+    weight_decay: AdamW's decoupled decay of the non-frame tensors that ``mask``
+      selects.
     b1: AdamW's first-moment decay.
     b2: AdamW's second-moment decay.
     eps: AdamW's epsilon.
     stiefel: the frame rule: ``None`` (``riemannian_adam(frame_rate,
       frames=frames)``), a factory called as ``stiefel(frame_rate, frames=frames)``,
-      or a ready ``optax.GradientTransformation`` (which keeps its own rate). A
-      :func:`riemannian_adam`, :func:`riemannian_sgd` or
-      :func:`stiefax.manifold_muon` built without ``frames=`` takes ``frames`` from
-      here; one built with other frames than ``frames`` is a ValueError.
+      or a ready ``optax.GradientTransformation``, which keeps its own rate and its
+      own frames: ``frames`` is not passed on to it, and ``init`` raises a ValueError
+      where ``frames`` reads a frame parameter otherwise than ``frames=None`` does.
     labels: a tree of ``"stiefel"`` / ``"adamw"`` labels matching the params, a
       callable ``params -> labels``, or ``None`` (default: the query/key weights
       found by :func:`stiefax.layouts.qk_labels`; a single array is one frame
@@ -415,6 +448,11 @@ def stiefel_adamw(
     peak_learning_rate: the value of ``learning_rate`` at which the frames run at
       ``stiefel_learning_rate`` (default: ``learning_rate`` when it is a number;
       required for a schedule or an array).
+    mask: which non-frame parameters AdamW decays, as ``optax.adamw(mask=...)``
+      takes it: a tree of bools like the params, or a callable ``params -> tree``
+      (default :func:`stiefax.layouts.decay_mask`: tensors of rank >= 2; ``None``:
+      every one). Frames are never decayed.
+    nesterov: AdamW's Nesterov momentum, as ``optax.adamw(nesterov=...)``.
 
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
@@ -427,6 +465,8 @@ def stiefel_adamw(
     b2=b2,
     eps=eps,
   )
+  if not isinstance(nesterov, bool):
+    raise ValueError(f"stiefax.stiefel_adamw: nesterov must be a bool, got {nesterov!r}.")
   named = qk_frames()
   target = named if frames is None else frames
   if isinstance(stiefel, optax.GradientTransformation):
@@ -437,7 +477,8 @@ def stiefel_adamw(
         " ready transform with its own rate. Pass a factory instead, e.g."
         " stiefel=functools.partial(stiefax.riemannian_adam, eps=1e-3)."
       )
-    stiefel = _routing.with_frames(stiefel, target, explicit=frames is not None)
+    if frames is not None:
+      stiefel = _keeps_own_frames(stiefel, frames)
   else:
     rate = _routing.frame_rate(learning_rate, stiefel_learning_rate, peak_learning_rate)
     if stiefel is None:
@@ -462,7 +503,13 @@ def stiefel_adamw(
 
   def euclidean():
     return optax.adamw(
-      learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask
+      learning_rate,
+      b1=b1,
+      b2=b2,
+      eps=eps,
+      weight_decay=weight_decay,
+      mask=mask,
+      nesterov=nesterov,
     )
 
   inner = optax.partition(

@@ -31,7 +31,6 @@ import jax.numpy as jnp
 import optax
 
 from stiefax.frames import FramesLike
-from stiefax.frames import FrameSpec
 from stiefax.labels import LabelsLike
 from stiefax.labels import label_mask
 from stiefax.layouts import STIEFEL_LABEL
@@ -137,7 +136,7 @@ def _frame_matmul(
 
 def left_rotation(
   q: jax.Array,
-  frames: FramesLike = FrameSpec(),
+  frames: FramesLike = None,
   *,
   labels: LabelsLike = None,
   label: str = STIEFEL_LABEL,
@@ -184,7 +183,7 @@ def left_rotation(
 
 def right_rotation(
   r: jax.Array,
-  frames: FramesLike = FrameSpec(),
+  frames: FramesLike = None,
   *,
   labels: LabelsLike = None,
   label: str = STIEFEL_LABEL,

@@ -31,7 +31,6 @@ import optax
 
 from stiefax import geometry
 from stiefax.frames import FramesLike
-from stiefax.frames import FrameSpec
 from stiefax.labels import LabelsLike
 from stiefax.labels import label_mask
 from stiefax.layouts import STIEFEL_LABEL
@@ -120,7 +119,7 @@ def isometry_error(
   return jnp.max(jnp.stack([e.astype(jnp.float32) for e in errs]))
 
 
-def tangency_error(w: chex.Array, x: chex.Array, frames: FramesLike = FrameSpec()) -> chex.Array:
+def tangency_error(w: chex.Array, x: chex.Array, frames: FramesLike = None) -> chex.Array:
   """``max |W^T X + X^T W|``: zero when ``X`` is tangent to ``St(d, r)`` at ``W``.
 
   Example:
@@ -176,7 +175,7 @@ def gauge_content(
   w_k: jax.Array,
   g_q: jax.Array,
   g_k: jax.Array,
-  frames: FramesLike = FrameSpec(),
+  frames: FramesLike = None,
 ) -> GaugeContent:
   """Gauge content of a query/key gradient: joint ``O(r)`` vs per-frame ``O(r)`` (Table 8).
 

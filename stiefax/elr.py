@@ -12,10 +12,10 @@ zero; with ``<Delta, w> = 0`` it is the usual ``||Delta|| / ||w||``.
 :func:`effective_learning_rate`, :func:`angular_update` and :func:`update_summary`
 are pure ``jnp`` and run inside jitted training loops.
 
-``frames=`` chooses what one value is measured over: :func:`whole_leaf` (the default
-of :func:`effective_learning_rate` and :func:`angular_update`) takes each leaf whole,
-a :class:`stiefax.FrameSpec` or callable takes each frame, and ``None`` means
-:func:`stiefax.layouts.qk_frames`, as everywhere in stiefax.
+``per=`` chooses what one value is measured over: ``"leaf"`` (the default of
+:func:`effective_learning_rate` and :func:`angular_update`) takes each leaf whole,
+``"frame"`` takes each frame, read with ``frames=`` (``None``: by the leaf's name,
+as everywhere in stiefax; see :func:`stiefax.layouts.resolve_frames`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import numpy as np
 
 from stiefax._routing import per_leaf
 from stiefax.frames import FramesLike
-from stiefax.frames import FrameSpec
 from stiefax.labels import LabelsLike
 from stiefax.labels import label_mask
 from stiefax.layouts import STIEFEL_LABEL
@@ -37,7 +36,6 @@ from stiefax.layouts import resolve_frames
 from stiefax.sphere import frame_axes
 
 __all__ = [
-  "whole_leaf",
   "ELR",
   "effective_learning_rate",
   "angular_update",
@@ -64,33 +62,22 @@ class ELR(NamedTuple):
   angle: Any
 
 
-def whole_leaf(path: Any, leaf: Any) -> FrameSpec:
-  """The ``frames=`` that measures each leaf whole: one frame spanning every axis.
-
-  Rows on axis 0 and columns on all the others, so the frame of a leaf is the leaf
-  itself (a vector or a scalar is one frame whatever the spec says; see
-  :func:`stiefax.sphere.frame_axes`).
-
-  Example:
-    >>> import jax.numpy as jnp
-    >>> from stiefax.elr import whole_leaf
-    >>> whole_leaf((), jnp.zeros((8, 2, 4)))
-    FrameSpec(row_axis=0, col_axes=(1, 2))
-
-  Args:
-    path: the leaf's key path (unused).
-    leaf: the array.
-
-  Returns:
-    A :class:`stiefax.FrameSpec`.
-  """
-  del path
-  ndim = jnp.ndim(leaf)
-  return FrameSpec(0, tuple(range(1, ndim))) if ndim >= 2 else FrameSpec()
+#: What :func:`effective_learning_rate` measures one value over (``per=``).
+_PER = ("leaf", "frame")
 
 
 def _reduce_axes(frames: FramesLike, path: Any, x: jax.Array) -> tuple[int, ...]:
   return frame_axes(resolve_frames(frames, path, x), x.shape)
+
+
+def _checked_per(who: str, per: Any, frames: FramesLike) -> None:
+  if per not in _PER:
+    raise ValueError(f"stiefax.elr.{who}: per must be 'leaf' or 'frame', got {per!r}.")
+  if per == "leaf" and frames is not None:
+    raise ValueError(
+      f"stiefax.elr.{who}: frames= views leaves as frames, but per='leaf' measures each"
+      " leaf whole; pass per='frame' for one value per frame."
+    )
 
 
 def _elr_leaf(w: jax.Array, w_new: jax.Array, axes: tuple[int, ...]):
@@ -108,12 +95,13 @@ def _elr_leaf(w: jax.Array, w_new: jax.Array, axes: tuple[int, ...]):
   return squeeze(radial), squeeze(tangential), squeeze(angle)
 
 
-def effective_learning_rate(old: Any, new: Any, frames: FramesLike = whole_leaf) -> ELR:
+def effective_learning_rate(
+  old: Any, new: Any, frames: FramesLike = None, *, per: str = "leaf"
+) -> ELR:
   """Radial part, effective learning rate and angle of the update ``old -> new``.
 
-  With ``Delta = new - old`` and ``w = old``, per leaf (``frames=whole_leaf``, the
-  default) or per frame (``frames`` a :class:`stiefax.FrameSpec`, a callable, or
-  ``None`` for :func:`stiefax.layouts.qk_frames`)::
+  With ``Delta = new - old`` and ``w = old``, per leaf (``per="leaf"``, the default)
+  or per frame (``per="frame"``, each leaf viewed as frames by ``frames``)::
 
       radial     = <Delta, w> / ||w||^2
       tangential = ||Delta - radial w|| / ||w||
@@ -138,21 +126,23 @@ def effective_learning_rate(old: Any, new: Any, frames: FramesLike = whole_leaf)
   Args:
     old: parameters before the update (an array or a tree).
     new: parameters after the update, same structure.
-    frames: :func:`whole_leaf` (default) for one value per leaf, or how each leaf is
-      viewed as frames for one value per frame (vectors are one frame; ``None``:
-      :func:`stiefax.layouts.qk_frames`).
+    frames: with ``per="frame"``, how each leaf is viewed as frames (``None``: by its
+      name, see :func:`stiefax.layouts.resolve_frames`; vectors are one frame).
+    per: ``"leaf"`` (default) for one value per leaf, ``"frame"`` for one per frame.
 
   Returns:
     An :class:`ELR` of trees like ``old``.
   """
-  return ELR(
-    *per_leaf(
-      lambda path, w, w_new: _elr_leaf(w, w_new, _reduce_axes(frames, path, w)), 3, old, new
-    )
-  )
+  _checked_per("effective_learning_rate", per, frames)
+
+  def leaf(path, w, w_new):
+    axes = tuple(range(jnp.ndim(w))) if per == "leaf" else _reduce_axes(frames, path, w)
+    return _elr_leaf(w, w_new, axes)
+
+  return ELR(*per_leaf(leaf, 3, old, new))
 
 
-def angular_update(old: Any, new: Any, frames: FramesLike = whole_leaf) -> Any:
+def angular_update(old: Any, new: Any, frames: FramesLike = None, *, per: str = "leaf") -> Any:
   """The angle (radians) between each leaf (or frame) before and after an update.
 
   ``angle(w_t, w_{t+1}) = atan2(||Delta - radial w||, ||w|| + <Delta, w> / ||w||)``,
@@ -167,20 +157,22 @@ def angular_update(old: Any, new: Any, frames: FramesLike = whole_leaf) -> Any:
   Args:
     old: parameters before the update.
     new: parameters after the update.
-    frames: :func:`whole_leaf` (default; per leaf) or how each leaf is viewed as
-      frames (per frame; ``None``: :func:`stiefax.layouts.qk_frames`).
+    frames: with ``per="frame"``, how each leaf is viewed as frames (``None``: by its
+      name, see :func:`stiefax.layouts.resolve_frames`).
+    per: ``"leaf"`` (default) for one angle per leaf, ``"frame"`` for one per frame.
 
   Returns:
     A tree like ``old`` of scalars (per leaf) or per-frame arrays.
   """
-  return effective_learning_rate(old, new, frames).angle
+  _checked_per("angular_update", per, frames)
+  return effective_learning_rate(old, new, frames, per=per).angle
 
 
 def update_summary(
   old: Any,
   new: Any,
   labels: LabelsLike = None,
-  frames: FramesLike = FrameSpec(),
+  frames: FramesLike = None,
   *,
   label: str = STIEFEL_LABEL,
   groups: Any = None,

@@ -54,7 +54,7 @@ def _map_labelled(fn: Callable, params: Any, labels: LabelsLike, label: str, fra
   return jax.tree_util.tree_map_with_path(leaf, tree, params)
 
 
-def orthonormal_init(frames: FramesLike = FrameSpec()) -> Callable[..., chex.Array]:
+def orthonormal_init(frames: FramesLike = None) -> Callable[..., chex.Array]:
   """A ``jax.nn.initializers`` initializer that draws every frame orthonormal.
 
   Each ``d x r`` frame is the Q factor of a Gaussian matrix with the signs of
@@ -70,24 +70,27 @@ def orthonormal_init(frames: FramesLike = FrameSpec()) -> Callable[..., chex.Arr
     True
 
   Args:
-    frames: the :class:`stiefax.FrameSpec` of the parameters it initializes
-      (``None``: :func:`stiefax.layouts.resolve_frames` at the root path, which is
-      ``FrameSpec()``).
+    frames: how the parameters it initializes are viewed as frames: ``None``
+      (default; at the root path of an initializer, ``FrameSpec()``), a
+      :class:`stiefax.FrameSpec`, or a callable ``(path, leaf) -> FrameSpec`` called
+      with the root path and a ``jax.ShapeDtypeStruct`` (see
+      :func:`stiefax.layouts.resolve_frames`).
 
   Returns:
     ``init(key, shape, dtype=jnp.float32) -> array``.
   """
-  if frames is None:
-    frames = resolve_frames(None, (), None)
-  if not isinstance(frames, FrameSpec):
-    raise ValueError(f"orthonormal_init needs a stiefax.FrameSpec, got {frames!r}.")
-
-  # With ``select`` every slice is drawn orthonormal, the unselected ones too.
-  whole = FrameSpec(frames.row_axis, frames.col_axes)
+  if not (frames is None or isinstance(frames, FrameSpec) or callable(frames)):
+    raise ValueError(
+      "orthonormal_init: frames must be None, a stiefax.FrameSpec or a callable"
+      f" (path, leaf) -> FrameSpec, got {frames!r}."
+    )
 
   def init(key, shape, dtype=jnp.float32):
-    frames.frame_shape(shape)  # validates the spec for this shape
-    split_shape = frames.split_shape(shape)
+    spec = resolve_frames(frames, (), jax.ShapeDtypeStruct(tuple(shape), dtype))
+    spec.frame_shape(shape)  # validates the spec for this shape
+    # With ``select`` every slice is drawn orthonormal, the unselected ones too.
+    whole = FrameSpec(spec.row_axis, spec.col_axes)
+    split_shape = spec.split_shape(shape)
     batch_shape, d, r = whole.frame_shape(split_shape)
     cd = jnp.promote_types(geometry.compute_dtype(dtype), jnp.float32)
     a = jax.random.normal(key, batch_shape + (d, r), cd)

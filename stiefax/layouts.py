@@ -475,8 +475,7 @@ def qk_frames(
         f"The parameter at {_named(path)} (shape {tuple(jnp.shape(leaf))}) has the"
         f" layout {layout.shape} of {layout.family}: its head count cannot be"
         " read from its shape. Pass"
-        f" frames=stiefax.layouts.qk_frames(head_dim=...) (or {count_name}=...) to"
-        " stiefel_adamw, project_params and isometry_error."
+        f" frames=stiefax.layouts.qk_frames(head_dim=...) (or {count_name}=...)."
       )
     return (count, -1)
 

@@ -66,7 +66,6 @@ from stiefax import _routing
 from stiefax import geometry
 from stiefax import transforms
 from stiefax.frames import FramesLike
-from stiefax.frames import FrameSpec
 from stiefax.layouts import checked_frames
 
 __all__ = [
@@ -203,7 +202,6 @@ class ManifoldMuonState(NamedTuple):
   skipped: Any
 
 
-@_routing.rebuildable
 def manifold_muon(
   learning_rate: optax.ScalarOrSchedule,
   *,
@@ -212,7 +210,7 @@ def manifold_muon(
   iterations: int = DUAL_ITERATIONS,
   ns_iterations: int = NS_ITERATIONS,
   retraction: str = "polar",
-  frames: FramesLike = FrameSpec(),
+  frames: FramesLike = None,
 ) -> optax.GradientTransformation:
   """Manifold Muon on ``St(d, r)``: tangent momentum, spectral steepest step, retraction.
 
@@ -256,7 +254,8 @@ def manifold_muon(
     iterations: dual iterations per update.
     ns_iterations: Newton-Schulz iterations per inverse square root.
     retraction: ``"polar"``, ``"qr"`` or ``"cayley"`` (see :func:`stiefax.retract`).
-    frames: how each leaf is viewed as frames.
+    frames: how each leaf is viewed as frames (``None``: by its name, see
+      :func:`stiefax.layouts.resolve_frames`).
 
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.

@@ -21,7 +21,6 @@ import optax
 from stiefax import _routing
 from stiefax import geometry
 from stiefax.frames import FramesLike
-from stiefax.frames import FrameSpec
 from stiefax.layouts import checked_frames
 
 __all__ = [
@@ -53,7 +52,7 @@ def _projection(
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def stiefel_project(*, frames: FramesLike = FrameSpec()) -> optax.GradientTransformation:
+def stiefel_project(*, frames: FramesLike = None) -> optax.GradientTransformation:
   """Projects each frame's update onto the tangent space (paper eq. 3).
 
   ``G -> Pi_W(G) = G - W sym(W^T G)``: the Riemannian gradient in the embedded
@@ -69,8 +68,9 @@ def stiefel_project(*, frames: FramesLike = FrameSpec()) -> optax.GradientTransf
     True
 
   Args:
-    frames: how each leaf is viewed as frames (a :class:`FrameSpec` or a callable
-      ``(path, leaf) -> FrameSpec``).
+    frames: how each leaf is viewed as frames: ``None`` (by its name, see
+      :func:`stiefax.layouts.resolve_frames`), a :class:`FrameSpec` or a callable
+      ``(path, leaf) -> FrameSpec``.
 
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
@@ -78,7 +78,7 @@ def stiefel_project(*, frames: FramesLike = FrameSpec()) -> optax.GradientTransf
   return _projection("stiefel_project", geometry.PROJECTIONS["stiefel"].project, frames)
 
 
-def grassmann_project(*, frames: FramesLike = FrameSpec()) -> optax.GradientTransformation:
+def grassmann_project(*, frames: FramesLike = None) -> optax.GradientTransformation:
   """Projects each frame's update onto the horizontal space ``(I - W W^T) G``.
 
   The PA16 / B2-SGD projector: besides the normal part it removes the per-frame
@@ -94,7 +94,8 @@ def grassmann_project(*, frames: FramesLike = FrameSpec()) -> optax.GradientTran
     True
 
   Args:
-    frames: how each leaf is viewed as frames.
+    frames: how each leaf is viewed as frames (``None``: by its name, see
+      :func:`stiefax.layouts.resolve_frames`).
 
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
@@ -102,7 +103,7 @@ def grassmann_project(*, frames: FramesLike = FrameSpec()) -> optax.GradientTran
   return _projection("grassmann_project", geometry.PROJECTIONS["grassmann"].project, frames)
 
 
-def canonical_gradient(*, frames: FramesLike = FrameSpec()) -> optax.GradientTransformation:
+def canonical_gradient(*, frames: FramesLike = None) -> optax.GradientTransformation:
   """Maps each frame's gradient to the canonical-metric gradient ``G - W G^T W`` (eq. 4).
 
   Used by the B2m-can arm. The result is tangent at ``W``.
@@ -116,7 +117,8 @@ def canonical_gradient(*, frames: FramesLike = FrameSpec()) -> optax.GradientTra
     True
 
   Args:
-    frames: how each leaf is viewed as frames.
+    frames: how each leaf is viewed as frames (``None``: by its name, see
+      :func:`stiefax.layouts.resolve_frames`).
 
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
@@ -125,7 +127,7 @@ def canonical_gradient(*, frames: FramesLike = FrameSpec()) -> optax.GradientTra
 
 
 def step_norm_cap(
-  max_norm: Any = 0.1, *, frames: FramesLike = FrameSpec()
+  max_norm: Any = 0.1, *, frames: FramesLike = None
 ) -> optax.GradientTransformation:
   """Caps each frame's step at Frobenius norm ``tau * sqrt(r)`` (paper section 3.2).
 
@@ -146,7 +148,8 @@ def step_norm_cap(
       (traced under ``optax.inject_hyperparams``, so it can follow a schedule there;
       a traced value that is not finite and >= 0 makes the step NaN, which the
       retraction that follows skips and counts).
-    frames: how each leaf is viewed as frames.
+    frames: how each leaf is viewed as frames (``None``: by its name, see
+      :func:`stiefax.layouts.resolve_frames`).
 
   Returns:
     An ``optax.GradientTransformation``.
@@ -198,7 +201,7 @@ def norm_cap(
 
 
 def project(
-  projector: str = "stiefel", *, frames: FramesLike = FrameSpec()
+  projector: str = "stiefel", *, frames: FramesLike = None
 ) -> optax.GradientTransformation:
   """The projection transform called ``projector``: a key of :data:`stiefax.geometry.PROJECTIONS`.
 
@@ -217,7 +220,8 @@ def project(
   Args:
     projector: ``"stiefel"`` (eq. 3), ``"grassmann"`` (horizontal) or ``"canonical"``
       (eq. 4).
-    frames: how each leaf is viewed as frames.
+    frames: how each leaf is viewed as frames (``None``: by its name, see
+      :func:`stiefax.layouts.resolve_frames`).
 
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.

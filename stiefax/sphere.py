@@ -106,7 +106,7 @@ def _leaf_axes(frames: FramesLike, path: Any, w: jax.Array) -> tuple[int, ...]:
   return frame_axes(resolve_frames(frames, path, w), w.shape)
 
 
-def sphere_project(*, frames: FramesLike = FrameSpec()) -> optax.GradientTransformation:
+def sphere_project(*, frames: FramesLike = None) -> optax.GradientTransformation:
   """Projects each frame's update onto the tangent space of its sphere.
 
   ``G -> G - <G, W> / ||W||^2 W``: the orthogonal projection onto
@@ -125,8 +125,9 @@ def sphere_project(*, frames: FramesLike = FrameSpec()) -> optax.GradientTransfo
     Array([ 0.64, -0.48], dtype=float32)
 
   Args:
-    frames: how each leaf is grouped into frames (a :class:`stiefax.FrameSpec` or a
-      callable ``(path, leaf) -> FrameSpec``); vectors are one frame.
+    frames: how each leaf is grouped into frames: ``None`` (by its name, see
+      :func:`stiefax.layouts.resolve_frames`), a :class:`stiefax.FrameSpec` or a
+      callable ``(path, leaf) -> FrameSpec``; vectors are one frame.
 
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
@@ -151,7 +152,7 @@ def sphere_project(*, frames: FramesLike = FrameSpec()) -> optax.GradientTransfo
 
 
 def sphere_retract(
-  radius: Optional[Any] = None, *, frames: FramesLike = FrameSpec()
+  radius: Optional[Any] = None, *, frames: FramesLike = None
 ) -> optax.GradientTransformation:
   """Retracts each frame onto its sphere; put it last in a chain.
 
@@ -175,7 +176,8 @@ def sphere_retract(
   Args:
     radius: ``rho``: ``None`` (keep each frame's norm), a float, or an array that
       broadcasts against the frames' batch shape.
-    frames: how each leaf is grouped into frames; vectors are one frame.
+    frames: how each leaf is grouped into frames (``None``: by its name, see
+      :func:`stiefax.layouts.resolve_frames`); vectors are one frame.
 
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
@@ -224,7 +226,7 @@ def sphere_moment(
   b2: float = 0.999,
   eps: float = 1e-8,
   *,
-  frames: FramesLike = FrameSpec(),
+  frames: FramesLike = None,
   mu_dtype: Any = None,
 ) -> optax.GradientTransformation:
   """Adam moments with one second-moment scalar per frame, transported on the sphere.
@@ -252,7 +254,8 @@ def sphere_moment(
     b1: decay of the first moment.
     b2: decay of the second moment.
     eps: added to ``sqrt(v_hat)``.
-    frames: how each leaf is grouped into frames; vectors are one frame.
+    frames: how each leaf is grouped into frames (``None``: by its name, see
+      :func:`stiefax.layouts.resolve_frames`); vectors are one frame.
     mu_dtype: dtype of ``mu`` (default: the parameter's dtype).
 
   Returns:
@@ -354,7 +357,7 @@ def hyperball_adam(
   eps: chex.Numeric = 1e-8,
   max_norm: Optional[chex.Numeric] = 0.1,
   radius: Optional[chex.Numeric] = None,
-  frames: FramesLike = FrameSpec(),
+  frames: FramesLike = None,
   relative: bool = True,
   mu_dtype: Any = None,
 ) -> optax.GradientTransformation:
@@ -401,7 +404,8 @@ def hyperball_adam(
     max_norm: ``tau`` of the cap ``||eta|| <= tau sqrt(r)`` (before the relative
       scaling); ``None`` drops the cap.
     radius: ``None`` (keep each frame's norm) or the radius of every frame's sphere.
-    frames: how each leaf is grouped into frames; vectors are one frame.
+    frames: how each leaf is grouped into frames (``None``: by its name, see
+      :func:`stiefax.layouts.resolve_frames`); vectors are one frame.
     relative: scale each step by ``||W|| / sqrt(r)``, so that the step is an angle.
     mu_dtype: dtype of the first moment (default: the parameter's).
 

@@ -50,7 +50,6 @@ from stiefax import geometry
 from stiefax._matrix import POLAR_METHODS
 from stiefax._routing import expand
 from stiefax.frames import FramesLike
-from stiefax.frames import FrameSpec
 from stiefax.layouts import checked_frames
 
 __all__ = [
@@ -209,7 +208,7 @@ def scalar_moment(
   b2: float = 0.999,
   eps: float = 1e-8,
   *,
-  frames: FramesLike = FrameSpec(),
+  frames: FramesLike = None,
   projector: str = "stiefel",
   mu_dtype: Any = None,
 ) -> optax.GradientTransformation:
@@ -246,7 +245,8 @@ def scalar_moment(
     b2: decay of the second moment.
     eps: added to ``sqrt(v_hat)``; below this tangent-gradient scale the step becomes
       gradient-proportional (Remark 5).
-    frames: how each leaf is viewed as frames.
+    frames: how each leaf is viewed as frames (``None``: by its name, see
+      :func:`stiefax.layouts.resolve_frames`).
     projector: ``"stiefel"`` (also right for ``"canonical"``) or ``"grassmann"``: the
       projection used to transport the first moment.
     mu_dtype: dtype of ``mu`` (default: the parameter's dtype).
@@ -262,7 +262,7 @@ def elementwise_moment(
   b2: float = 0.999,
   eps: float = 1e-8,
   *,
-  frames: FramesLike = FrameSpec(),
+  frames: FramesLike = None,
   projector: str = "stiefel",
   mu_dtype: Any = None,
 ) -> optax.GradientTransformation:
@@ -290,7 +290,8 @@ def elementwise_moment(
     b1: decay of the first moment.
     b2: decay of the second moment.
     eps: added to ``sqrt(v_hat)`` entrywise.
-    frames: how each leaf is viewed as frames.
+    frames: how each leaf is viewed as frames (``None``: by its name, see
+      :func:`stiefax.layouts.resolve_frames`).
     projector: ``"stiefel"`` or ``"grassmann"``: the projection used for transport
       and for the output.
     mu_dtype: dtype of ``mu`` (default: the parameter's dtype).
@@ -324,7 +325,7 @@ _LAPACK_WARNING = (
 def polar_retract(
   method: str = "auto",
   *,
-  frames: FramesLike = FrameSpec(),
+  frames: FramesLike = None,
   step_bound: float | None = None,
   init_tol: float | None = None,
 ) -> optax.GradientTransformation:
@@ -362,7 +363,8 @@ def polar_retract(
       ``"eigh"``, ``"svd"`` (the reference) or ``"qdwh"``; see
       :func:`stiefax.geometry.polar`. The LAPACK-backed methods warn once on the CPU
       backend, where they have deadlocked inside fused training steps.
-    frames: how each leaf is viewed as frames.
+    frames: how each leaf is viewed as frames (``None``: by its name, see
+      :func:`stiefax.layouts.resolve_frames`).
     step_bound: ``tau`` when every incoming step is tangent and capped at
       ``||eta||_F <= tau sqrt(r)`` (a preceding :func:`step_norm_cap`). Newton-Schulz
       then runs a fixed number of iterations derived from Proposition 6
@@ -382,7 +384,7 @@ def retract(
   retraction: str = "polar",
   method: str = "auto",
   *,
-  frames: FramesLike = FrameSpec(),
+  frames: FramesLike = None,
   step_bound: float | None = None,
   init_tol: float | None = None,
   name: str = "retract",
@@ -416,7 +418,8 @@ def retract(
   Args:
     retraction: one of :data:`stiefax.RETRACTIONS`.
     method: the polar method (``retraction="polar"`` only), see :func:`polar_retract`.
-    frames: how each leaf is viewed as frames.
+    frames: how each leaf is viewed as frames (``None``: by its name, see
+      :func:`stiefax.layouts.resolve_frames`).
     step_bound: ``tau`` of a preceding step cap (``retraction="polar"`` only), see
       :func:`polar_retract`.
     init_tol: the largest ``max|W^T W - I|`` that ``init`` accepts (default

@@ -3,9 +3,11 @@ frames are given once, and no mistake is silent (under jit included)."""
 
 import functools
 
+import chex
 from flax import nnx
 import jax
 import jax.numpy as jnp
+from jax.tree_util import keystr
 import numpy as np
 import optax
 import pytest
@@ -146,25 +148,43 @@ def test_frames_given_once_train_a_llama_layout(rng):
     return jnp.sum(jax.nn.softmax(q @ k.T) @ v)
 
   frames = stiefax.layouts.qk_frames(head_dim=4)
-  tx = stiefax.stiefel_adamw(1e-2, frames=frames, stiefel=stiefax.riemannian_adam(1.0))
-  state = tx.init(params)
-  step = jax.jit(lambda p, s: tx.update(jax.grad(loss)(p), s, p))
-  for _ in range(5):
-    u, state = step(params, state)
-    params = optax.apply_updates(params, u)
-  assert float(stiefax.diagnostics.isometry_error(params, frames=frames)) < 1e-5
+  for tx in (
+    stiefax.stiefel_adamw(1e-2, frames=frames),  # the default rule gets the frames
+    stiefax.stiefel_adamw(1e-2, frames=frames, stiefel=stiefax.riemannian_sgd),  # a factory
+    stiefax.stiefel_adamw(1e-2, stiefel=stiefax.riemannian_adam(1.0, frames=frames)),  # its own
+  ):
+    p, state = params, tx.init(params)
+    step = jax.jit(lambda p, s, tx=tx: tx.update(jax.grad(loss)(p), s, p))
+    for _ in range(5):
+      u, state = step(p, state)
+      p = optax.apply_updates(p, u)
+    assert float(stiefax.diagnostics.isometry_error(p, frames=frames)) < 1e-5
   # Without frames anywhere, the error says what to give (the head size), not "off the
   # manifold".
   with pytest.raises(ValueError, match=r"head count cannot be.*head_dim"):
     stiefax.stiefel_adamw(1e-2, stiefel=stiefax.riemannian_adam(1.0)).init(params)
-  # Given twice and different: refused.
-  with pytest.raises(ValueError, match="frames are given twice and differ"):
-    stiefax.stiefel_adamw(
-      1e-2, frames=frames, stiefel=stiefax.riemannian_adam(1.0, frames=stiefax.FrameSpec())
-    )
-  # A factory gets the frames too.
-  tx = stiefax.stiefel_adamw(1e-2, frames=frames, stiefel=stiefax.riemannian_sgd)
-  tx.update(jax.grad(loss)(params), tx.init(params), params)
+
+
+def test_a_ready_transform_keeps_its_own_frames(rng):
+  """``frames=`` is not passed on to a ready transform: where it matters, init refuses."""
+  params = _llama(rng)
+  frames = stiefax.layouts.qk_frames(head_dim=4)
+  ready = stiefax.riemannian_adam(1.0)  # frames=None: the q_proj head count is unknown
+  tx = stiefax.stiefel_adamw(1e-2, frames=frames, stiefel=ready)
+  with pytest.raises(ValueError, match=r"^stiefax.stiefel_adamw: frames= reads .*factory") as e:
+    tx.init(params)
+  assert "\n" not in str(e.value) and "self_attn/k_proj/kernel" in str(e.value)
+  # Also when the ready transform was built with other frames than frames=.
+  own = stiefax.riemannian_adam(1.0, frames=stiefax.FrameSpec())
+  with pytest.raises(ValueError, match="keeps its own frames"):
+    stiefax.stiefel_adamw(1e-2, frames=frames, stiefel=own).init(params)
+  # Control: frames= that read every frame parameter as frames=None does are accepted.
+  tree = {
+    "attn": {"query": {"kernel": stiefax.flax.orthonormal_init()(jax.random.key(1), (8, 2, 4))}}
+  }
+  for same in (None, stiefax.layouts.qk_frames(), stiefax.FrameSpec()):
+    tx = stiefax.stiefel_adamw(1e-2, frames=same, stiefel=ready)
+    tx.update(jax.tree.map(jnp.ones_like, tree), tx.init(tree), tree)
 
 
 # ---------------------------------------------------------------------------
@@ -257,3 +277,63 @@ def test_a_scheduled_stiefel_learning_rate_multiplies_the_rule(rng):
   tx = stiefax.stiefel_adamw(0.0)  # a zero rate is a zero rate for the frames too
   u, _ = tx.update(grads, tx.init(params), params)
   assert all(float(jnp.max(jnp.abs(x))) == 0.0 for x in jax.tree.leaves(u))
+
+
+# ---------------------------------------------------------------------------
+# The AdamW part takes optax.adamw's mask= and nesterov=.
+# ---------------------------------------------------------------------------
+
+
+def _with_embedding():
+  init = stiefax.flax.orthonormal_init()
+  return {
+    "embed": {"embedding": jnp.ones((6, 8))},
+    "attn": {"query": {"kernel": init(jax.random.key(0), (8, 2, 4))}},
+    "mlp": {"kernel": jnp.ones((8, 8)), "bias": jnp.ones(8)},
+  }
+
+
+def test_mask_chooses_the_decayed_parameters():
+  params = _with_embedding()
+  zeros = jax.tree.map(jnp.zeros_like, params)
+
+  def moved(**kw):
+    tx = stiefax.stiefel_adamw(0.1, weight_decay=0.5, **kw)
+    u, _ = tx.update(zeros, tx.init(params), params)
+    return {keystr(k): bool(jnp.any(v != 0)) for k, v in jax.tree_util.tree_leaves_with_path(u)}
+
+  def no_embedding(p):
+    return jax.tree_util.tree_map_with_path(
+      lambda path, x: x.ndim >= 2 and "embed" not in keystr(path), p
+    )
+
+  emb, mlp, bias = "['embed']['embedding']", "['mlp']['kernel']", "['mlp']['bias']"
+  default = moved()  # rank >= 2: the embedding is decayed, the bias is not
+  assert default[emb] and default[mlp] and not default[bias]
+  for mask in (no_embedding, no_embedding(params)):  # a callable or a tree, as in optax
+    masked = moved(mask=mask)
+    assert not masked[emb] and masked[mlp] and not masked[bias]
+  everything = moved(mask=None)  # None: every parameter, as optax.adamw(mask=None)
+  assert everything[emb] and everything[mlp] and everything[bias]
+  # Frames are never decayed, whatever the mask.
+  assert not moved(mask=lambda p: jax.tree.map(lambda _: True, p))["['attn']['query']['kernel']"]
+
+
+def test_nesterov_is_optax_adamw_nesterov_on_the_other_parameters(rng):
+  params = _with_embedding()
+  rest = {"embed": params["embed"], "mlp": params["mlp"]}
+  ours = stiefax.stiefel_adamw(1e-2, weight_decay=0.1, nesterov=True)
+  theirs = optax.adamw(1e-2, weight_decay=0.1, mask=stiefax.layouts.decay_mask, nesterov=True)
+  plain = optax.adamw(1e-2, weight_decay=0.1, mask=stiefax.layouts.decay_mask)
+  s, t, q = ours.init(params), theirs.init(rest), plain.init(rest)
+  for _ in range(3):
+    g = jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape), x.dtype), params)
+    g_rest = {"embed": g["embed"], "mlp": g["mlp"]}
+    u, s = ours.update(g, s, params)
+    v, t = theirs.update(g_rest, t, rest)
+    w, q = plain.update(g_rest, q, rest)
+    chex.assert_trees_all_close({"embed": u["embed"], "mlp": u["mlp"]}, v, rtol=1e-6, atol=0)
+  # Control: Nesterov momentum changes the step.
+  assert not np.allclose(v["mlp"]["kernel"], w["mlp"]["kernel"], rtol=1e-3)
+  with pytest.raises(ValueError, match=r"^stiefax.stiefel_adamw: nesterov must be a bool"):
+    stiefax.stiefel_adamw(1e-2, nesterov="yes")

@@ -167,11 +167,18 @@ def test_effective_learning_rate_by_hand(x64):
 def test_effective_learning_rate_per_frame(x64):
   old = jnp.array([[[1.0], [0.0]], [[0.0], [2.0]]])  # (d=2, heads=2, r=1)
   new = jnp.array([[[1.0], [0.0]], [[1.0], [2.0]]])  # head 0: (1, 0) -> (1, 1); head 1 still
-  elr = elr_tools.effective_learning_rate(old, new, FrameSpec())
+  elr = elr_tools.effective_learning_rate(old, new, FrameSpec(), per="frame")
   np.testing.assert_allclose(elr.tangential, [1.0, 0.0], atol=1e-15)
   np.testing.assert_allclose(elr.angle, [math.pi / 4, 0.0], atol=1e-15)
   whole = elr_tools.effective_learning_rate(old, new)  # one value for the whole leaf
   assert whole.tangential.shape == () and 0 < float(whole.tangential) < 1
+  # frames= reads frames only per frame; per="leaf" with frames is refused, not ignored.
+  with pytest.raises(
+    ValueError, match=r"^stiefax.elr.effective_learning_rate: frames= .*per='frame'"
+  ):
+    elr_tools.effective_learning_rate(old, new, FrameSpec())
+  with pytest.raises(ValueError, match=r"^stiefax.elr.angular_update: per must be"):
+    elr_tools.angular_update(old, new, per="head")
 
 
 @pytest.mark.parametrize("tau", [0.05, 0.1])
@@ -181,14 +188,14 @@ def test_capped_stiefel_step_has_elr_tau(x64, rng, tau):
   g = jnp.asarray(rng.standard_normal(w.shape))
   tx = stiefax.riemannian_adam(1.0, max_norm=tau)  # lr 1: first step has norm 1 > tau sqrt(r)
   u, _ = jax.jit(tx.update)(g, tx.init(w), w)
-  elr = elr_tools.effective_learning_rate(w, optax.apply_updates(w, u), FrameSpec())
+  elr = elr_tools.effective_learning_rate(w, optax.apply_updates(w, u), per="frame")
   assert elr.tangential.shape == (3,)
   assert float(jnp.max(jnp.abs(elr.tangential - tau))) < tau**2
   assert float(jnp.max(jnp.abs(elr.radial))) < tau**2  # the retraction's radial part
   # Control: the uncapped step of the same gradient is far from tau.
   tx = stiefax.riemannian_adam(1.0, max_norm=None)
   u, _ = jax.jit(tx.update)(g, tx.init(w), w)
-  loose = elr_tools.effective_learning_rate(w, optax.apply_updates(w, u), FrameSpec())
+  loose = elr_tools.effective_learning_rate(w, optax.apply_updates(w, u), per="frame")
   assert float(jnp.min(jnp.abs(loose.tangential - tau))) > tau
 
 
@@ -209,10 +216,10 @@ def test_update_summary_groups():
   assert groups == {"frames", "matrices", "vectors"}
   assert all(v.shape == () for v in stats.values())
   per_frame = elr_tools.effective_learning_rate(
-    params["params"]["query"]["kernel"], new["params"]["query"]["kernel"], FrameSpec()
+    params["params"]["query"]["kernel"], new["params"]["query"]["kernel"], per="frame"
   )
   per_frame_k = elr_tools.effective_learning_rate(
-    params["params"]["key"]["kernel"], new["params"]["key"]["kernel"], FrameSpec()
+    params["params"]["key"]["kernel"], new["params"]["key"]["kernel"], per="frame"
   )
   expected = jnp.mean(jnp.concatenate([per_frame.tangential, per_frame_k.tangential]))
   assert float(stats["frames/elr"]) == pytest.approx(float(expected), rel=1e-6)

@@ -1,9 +1,11 @@
-"""``frames=None`` and ``labels=None`` mean one thing in every public function.
+"""An omitted ``frames=`` and ``labels=`` mean one thing in every public function.
 
-``frames=None`` is :func:`stiefax.layouts.qk_frames` (``FrameSpec()`` at the root
-path of a bare array) and ``labels=None`` is :func:`stiefax.layouts.qk_labels`
-(docs/concepts.md). Every public function that takes either is found by inspection
-and must appear in the tables below, which call it both ways and compare.
+Every public function that takes ``frames`` defaults to ``None``, which is
+:func:`stiefax.layouts.qk_frames` (``FrameSpec()`` at the root path of a bare array),
+and ``labels=None`` is :func:`stiefax.layouts.qk_labels` (docs/concepts.md). Every
+public function that takes either is found by inspection and must appear in the tables
+below, which call it with the argument omitted, ``None`` and its meaning, on a Gemma, a
+Llama and a linen tree, and compare.
 """
 
 from __future__ import annotations
@@ -27,27 +29,21 @@ from stiefax.flax import orthogonality_penalty
 from stiefax.flax import orthonormal_init
 from stiefax.flax import project_params
 
-H, D, R = 2, 8, 3
+H, K, D, R = 2, 1, 8, 3
 
 
-def _public_functions(arg: str) -> set[str]:
+def _public_functions(arg: str) -> dict[str, inspect.Parameter]:
   modules = ["stiefax"] + [
     f"stiefax.{m}" for m in stiefax.__all__ if inspect.ismodule(getattr(stiefax, m))
   ]
-  found = set()
+  found = {}
   for name in modules:
     module = importlib.import_module(name)
     for attr in getattr(module, "__all__", ()):
       obj = getattr(module, attr)
       if inspect.isfunction(obj) and arg in inspect.signature(obj).parameters:
-        found.add(obj.__name__)
+        found[obj.__name__] = inspect.signature(obj).parameters[arg]
   return found
-
-
-def _einsum_params():
-  """A Gemma ``q_einsum/w`` leaf ``(H, d, r)``: ``qk_frames`` views it with row axis 1."""
-  w = orthonormal_init()(jax.random.key(0), (D, H, R))
-  return {"q_einsum": {"w": jnp.swapaxes(w, 0, 1)}}
 
 
 def _grads(params, seed=1):
@@ -56,86 +52,159 @@ def _grads(params, seed=1):
   return treedef.unflatten([0.1 * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)])
 
 
+def _moved(params, seed=2):
+  return jax.tree.map(lambda x, g: x + g, params, _grads(params, seed))
+
+
 def _step(tx, params):
   return tx.update(_grads(params), tx.init(params), params)[0]
 
 
-W = _einsum_params()
-W1 = jax.tree.map(lambda x, g: x + g, W, _grads(W, 2))
-LEAF = W["q_einsum"]["w"]
-KERNEL = jnp.swapaxes(LEAF, 0, 1)  # (d, H, r): FrameSpec() at the root path
+def _init(spec, shape, seed):
+  return orthonormal_init(spec)(jax.random.key(seed), shape)
 
-# name -> run(frames); run(None) must equal run(qk_frames()).
-FRAMES = {
-  "stiefel_project": lambda f: _step(stiefax.stiefel_project(frames=f), W),
-  "grassmann_project": lambda f: _step(stiefax.grassmann_project(frames=f), W),
-  "canonical_gradient": lambda f: _step(stiefax.canonical_gradient(frames=f), W),
-  "scalar_moment": lambda f: _step(stiefax.scalar_moment(frames=f), W),
-  "elementwise_moment": lambda f: _step(stiefax.elementwise_moment(frames=f), W),
-  "step_norm_cap": lambda f: _step(stiefax.step_norm_cap(0.01, frames=f), W),
-  "polar_retract": lambda f: _step(stiefax.polar_retract(frames=f), W),
-  "retract": lambda f: _step(stiefax.retract("qr", frames=f), W),
-  "riemannian_adam": lambda f: _step(stiefax.riemannian_adam(1.0, frames=f), W),
-  "riemannian_sgd": lambda f: _step(stiefax.riemannian_sgd(0.02, frames=f), W),
-  "stiefel_adamw": lambda f: _step(stiefax.stiefel_adamw(1e-3, frames=f), W),
-  "manifold_muon": lambda f: _step(
-    stiefax.manifold_muon(0.05, iterations=2, ns_iterations=4, frames=f), W
-  ),
-  "sphere_project": lambda f: _step(stiefax.sphere_project(frames=f), W),
-  "sphere_retract": lambda f: _step(stiefax.sphere_retract(frames=f), W),
-  "sphere_moment": lambda f: _step(stiefax.sphere.sphere_moment(frames=f), W),
-  "hyperball_adam": lambda f: _step(stiefax.hyperball_adam(1.0, frames=f), W),
-  "project_params": lambda f: project_params(W1, frames=f),
-  "orthogonality_penalty": lambda f: orthogonality_penalty(W1, frames=f),
-  "isometry_error": lambda f: diagnostics.isometry_error(W1, frames=f),
-  "step_statistics": lambda f: diagnostics.step_statistics(W, W1, _grads(W), frames=f),
-  "left_rotation": lambda f: covariance.left_rotation(jnp.eye(D)[::-1], frames=f)(W),
-  "right_rotation": lambda f: covariance.right_rotation(jnp.eye(R)[::-1], frames=f)(W),
-  "effective_learning_rate": lambda f: elr.effective_learning_rate(W, W1, frames=f),
-  "angular_update": lambda f: elr.angular_update(W, W1, frames=f),
-  "update_summary": lambda f: elr.update_summary(W, W1, frames=f),
-  "resolve_frames": lambda f: layouts.resolve_frames(f, _path(), LEAF),
-  "checked_frames": lambda f: layouts.checked_frames(f, _path(), LEAF),
-  # Functions without a path see the root path: qk_frames gives FrameSpec() there.
-  "orthonormal_init": lambda f: orthonormal_init(_spec(f))(jax.random.key(3), (D, H, R)),
-  "tangency_error": lambda f: diagnostics.tangency_error(KERNEL, KERNEL, frames=f),
-  "gauge_content": lambda f: diagnostics.gauge_content(KERNEL, KERNEL, KERNEL, KERNEL, frames=f),
+
+# The trees, and the FrameSpec that the layout names mean for their leaves (the Dense
+# layout of Llama only with the head size, given as qk_frames(head_dim=R)).
+GEMMA = {"q_einsum": {"w": jnp.swapaxes(_init(None, (D, H, R), 0), 0, 1)}}  # (H, d, r)
+LINEN = {
+  "params": {
+    "query": {"kernel": _init(None, (D, H, R), 1)},  # (d, H, r)
+    "key": {"kernel": _init(None, (D, H, R), 2)},
+  }
+}
+SPLIT = stiefax.FrameSpec(split=(1, (-1, R)))
+LLAMA = {
+  "q_proj": {"kernel": _init(SPLIT, (D, H * R), 3)},  # (d, H r)
+  "k_proj": {"kernel": _init(SPLIT, (D, K * R), 4)},  # (d, K r), grouped-query heads
+}
+TREES = {
+  "gemma": (GEMMA, layouts.qk_frames(), stiefax.FrameSpec(row_axis=1)),
+  "linen": (LINEN, layouts.qk_frames(), stiefax.FrameSpec()),
+  "llama": (LLAMA, layouts.qk_frames(head_dim=R), SPLIT),
 }
 
 
-def _spec(frames):
-  """An initializer takes a FrameSpec: a callable is read at the root path."""
-  return frames if frames is None else layouts.resolve_frames(frames, (), None)
+def _first(params):
+  return jax.tree_util.tree_flatten_with_path(params)[0][0]
 
 
-def _path():
-  return jax.tree_util.tree_flatten_with_path(W)[0][0][0]
+# name -> run(params, **frames): frames omitted, None, qk_frames() and its meaning.
+FRAMES = {
+  "stiefel_project": lambda t, **f: _step(stiefax.stiefel_project(**f), t),
+  "grassmann_project": lambda t, **f: _step(stiefax.grassmann_project(**f), t),
+  "canonical_gradient": lambda t, **f: _step(stiefax.canonical_gradient(**f), t),
+  "scalar_moment": lambda t, **f: _step(stiefax.scalar_moment(**f), t),
+  "elementwise_moment": lambda t, **f: _step(stiefax.elementwise_moment(**f), t),
+  "step_norm_cap": lambda t, **f: _step(stiefax.step_norm_cap(0.01, **f), t),
+  "polar_retract": lambda t, **f: _step(stiefax.polar_retract(**f), t),
+  "retract": lambda t, **f: _step(stiefax.retract("qr", **f), t),
+  "riemannian_adam": lambda t, **f: _step(stiefax.riemannian_adam(1.0, **f), t),
+  "riemannian_sgd": lambda t, **f: _step(stiefax.riemannian_sgd(0.02, **f), t),
+  "stiefel_adamw": lambda t, **f: _step(stiefax.stiefel_adamw(1e-3, **f), t),
+  "manifold_muon": lambda t, **f: _step(
+    stiefax.manifold_muon(0.05, iterations=2, ns_iterations=4, **f), t
+  ),
+  "sphere_project": lambda t, **f: _step(stiefax.sphere_project(**f), t),
+  "sphere_retract": lambda t, **f: _step(stiefax.sphere_retract(**f), t),
+  "sphere_moment": lambda t, **f: _step(stiefax.sphere.sphere_moment(**f), t),
+  "hyperball_adam": lambda t, **f: _step(stiefax.hyperball_adam(1.0, **f), t),
+  "project_params": lambda t, **f: project_params(_moved(t), **f),
+  "orthogonality_penalty": lambda t, **f: orthogonality_penalty(_moved(t), **f),
+  "isometry_error": lambda t, **f: diagnostics.isometry_error(_moved(t), **f),
+  "step_statistics": lambda t, **f: diagnostics.step_statistics(t, _moved(t), _grads(t), **f),
+  "left_rotation": lambda t, **f: covariance.left_rotation(jnp.eye(D)[::-1], **f)(t),
+  "right_rotation": lambda t, **f: covariance.right_rotation(jnp.eye(R)[::-1], **f)(t),
+  "effective_learning_rate": lambda t, **f: elr.effective_learning_rate(
+    t, _moved(t), per="frame", **f
+  ),
+  "angular_update": lambda t, **f: elr.angular_update(t, _moved(t), per="frame", **f),
+  "update_summary": lambda t, **f: elr.update_summary(t, _moved(t), **f),
+  # These two take frames first and have no default: omitted is None here.
+  "resolve_frames": lambda t, **f: layouts.resolve_frames(f.get("frames"), *_first(t)),
+  "checked_frames": lambda t, **f: layouts.checked_frames(f.get("frames"), *_first(t)),
+}
+
+# Functions given arrays without a path see the root path: every frames gives FrameSpec().
+KERNEL = LINEN["params"]["query"]["kernel"]  # (d, H, r)
+ROOT = {
+  "orthonormal_init": lambda **f: orthonormal_init(**f)(jax.random.key(3), (D, H, R)),
+  "tangency_error": lambda **f: diagnostics.tangency_error(KERNEL, KERNEL, **f),
+  "gauge_content": lambda **f: diagnostics.gauge_content(KERNEL, KERNEL, KERNEL, KERNEL, **f),
+}
+
+# Whole-parameter sphere measures refuse a FrameSpec that splits a leaf (Llama's heads).
+SPLIT_REFUSED = {
+  "sphere_project",
+  "sphere_retract",
+  "sphere_moment",
+  "hyperball_adam",
+  "effective_learning_rate",
+  "angular_update",
+  "update_summary",
+}
+
+
+def _outcome(run, **frames):
+  try:
+    return run(**frames)
+  except ValueError as e:
+    return ValueError, str(e)
 
 
 def _same(a, b):
   chex.assert_trees_all_equal_structs(a, b)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    if isinstance(x, str | stiefax.FrameSpec | bool):
+    if isinstance(x, str | type | stiefax.FrameSpec | bool):
       assert x == y
     else:
       np.testing.assert_array_equal(x, y)
 
 
-def test_every_function_taking_frames_is_in_the_table():
-  assert _public_functions("frames") == set(FRAMES)
+def test_every_function_taking_frames_is_in_the_tables():
+  assert set(_public_functions("frames")) == set(FRAMES) | set(ROOT)
+
+
+def test_every_frames_default_is_none():
+  required = {"resolve_frames", "checked_frames"}  # the resolvers: frames is their input
+  for name, param in _public_functions("frames").items():
+    if name in required:
+      assert param.default is inspect.Parameter.empty, name
+    else:
+      assert param.default is None, name
 
 
 @pytest.mark.filterwarnings("ignore:stiefax.polar_retract")
+@pytest.mark.parametrize("tree", sorted(TREES))
 @pytest.mark.parametrize("name", sorted(FRAMES))
-def test_frames_none_is_qk_frames(name):
+def test_an_omitted_frames_is_none_is_qk_frames(name, tree):
+  params, named, spec = TREES[tree]
   run = FRAMES[name]
-  _same(run(None), run(layouts.qk_frames()))
+  omitted = _outcome(run, t=params)
+  _same(omitted, _outcome(run, t=params, frames=None))
+  _same(omitted, _outcome(run, t=params, frames=layouts.qk_frames()))
+  # The frames read by name are the layout's own: the same numbers as its FrameSpec.
+  by_name = _outcome(run, t=params, frames=named)
+  _same(by_name, _outcome(run, t=params, frames=spec))
+  if tree == "llama":
+    # Without the head size, every entry point says what to give, in one line.
+    assert omitted[0] is ValueError, name
+    assert "\n" not in omitted[1] and "qk_frames(head_dim=...)" in omitted[1], omitted[1]
+  if tree != "llama" or name not in SPLIT_REFUSED:
+    assert not (isinstance(by_name, tuple) and by_name[:1] == (ValueError,)), by_name
 
 
-def test_frames_none_differs_from_the_transforms_default():
-  """Control: on a Gemma leaf ``(H, d, r)``, ``FrameSpec()`` is not ``qk_frames``."""
+@pytest.mark.parametrize("name", sorted(ROOT))
+def test_functions_without_a_path_read_frame_spec(name):
+  run = ROOT[name]
+  for frames in (None, layouts.qk_frames(), stiefax.FrameSpec()):
+    _same(run(), run(frames=frames))
+
+
+def test_frames_none_differs_from_a_fixed_frame_spec():
+  """Control: on a Gemma leaf ``(H, d, r)``, ``FrameSpec()`` is not what its name means."""
   with pytest.raises(ValueError, match="r <= d"):
-    FRAMES["stiefel_project"](stiefax.FrameSpec())
+    FRAMES["stiefel_project"](GEMMA, frames=stiefax.FrameSpec())
 
 
 P = {
@@ -162,7 +231,7 @@ LABELS = {
 
 
 def test_every_function_taking_labels_is_in_the_table():
-  assert _public_functions("labels") == set(LABELS)
+  assert set(_public_functions("labels")) == set(LABELS)
 
 
 @pytest.mark.parametrize("name", sorted(LABELS))

@@ -288,6 +288,16 @@ def test_the_package_exports_what_it_imports():
     assert name in dir(stiefax), name
 
 
+def test_dir_lists_the_public_names_only():
+  import stiefax
+
+  stiefax.stiefel_adamw  # noqa: B018 (a loaded name stays listed once)
+  names = [n for n in dir(stiefax) if not n.startswith("__")]
+  assert names == sorted(stiefax.__all__)
+  assert not {"importlib", "typing", "annotations"} & set(dir(stiefax))
+  assert "__version__" in dir(stiefax)
+
+
 def test_the_packages_lazy_table_is_its_static_imports():
   """``stiefax.__getattr__`` loads exactly the names the ``TYPE_CHECKING`` block imports
   (what type checkers and the docs see), each from the same module, and ``__all__``
