@@ -367,7 +367,7 @@ def stiefel_adamw(
   frames: FramesLike = None,
   stiefel_learning_rate: Optional[optax.ScalarOrSchedule] = None,
   peak_learning_rate: Optional[float] = None,
-  mask: Union[Any, Callable[[optax.Params], Any], None] = decay_mask,
+  mask: Union[Any, Callable[[optax.Params], Any], None] = None,
   nesterov: bool = False,
 ) -> optax.GradientTransformation:
   """One optimizer for a whole model: Stiefel frames plus AdamW for the rest.
@@ -449,9 +449,13 @@ def stiefel_adamw(
       ``stiefel_learning_rate`` (default: ``learning_rate`` when it is a number;
       required for a schedule or an array).
     mask: which non-frame parameters AdamW decays, as ``optax.adamw(mask=...)``
-      takes it: a tree of bools like the params, or a callable ``params -> tree``
-      (default :func:`stiefax.layouts.decay_mask`: tensors of rank >= 2; ``None``:
-      every one). Frames are never decayed.
+      takes it: a tree of bools like the params, or a callable ``params -> tree``.
+      ``None`` (default) is :func:`stiefax.layouts.decay_mask`, tensors of rank >= 2,
+      so embeddings are decayed and norm scales and biases are not; decaying every
+      one is ``mask=lambda p: jax.tree.map(lambda _: True, p)``. (The default is not
+      the callable itself because ``optax.inject_hyperparams`` would take a callable
+      argument for a schedule; give a callable mask there through ``static_args``,
+      as for ``optax.adamw``.) Frames are never decayed.
     nesterov: AdamW's Nesterov momentum, as ``optax.adamw(nesterov=...)``.
 
   Returns:
@@ -508,7 +512,7 @@ def stiefel_adamw(
       b2=b2,
       eps=eps,
       weight_decay=weight_decay,
-      mask=mask,
+      mask=decay_mask if mask is None else mask,
       nesterov=nesterov,
     )
 

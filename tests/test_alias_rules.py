@@ -313,7 +313,8 @@ def test_mask_chooses_the_decayed_parameters():
   for mask in (no_embedding, no_embedding(params)):  # a callable or a tree, as in optax
     masked = moved(mask=mask)
     assert not masked[emb] and masked[mlp] and not masked[bias]
-  everything = moved(mask=None)  # None: every parameter, as optax.adamw(mask=None)
+  assert moved(mask=None) == default  # None: the rank >= 2 rule
+  everything = moved(mask=lambda p: jax.tree.map(lambda _: True, p))
   assert everything[emb] and everything[mlp] and everything[bias]
   # Frames are never decayed, whatever the mask.
   assert not moved(mask=lambda p: jax.tree.map(lambda _: True, p))["['attn']['query']['kernel']"]
