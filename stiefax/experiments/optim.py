@@ -40,8 +40,8 @@ class Hyper:
     max_norm: the Riemannian Adam's step cap tau.
     polar: the polar retraction method of the Riemannian rules.
     adamw_eps: AdamW's eps.
-    frames: the ``frames=`` of the frame rule and of ``stiefel_adamw`` (``None``: each
-      one's default, ``FrameSpec()`` for the rule, Flax ``(d, H, r)`` kernels).
+    frames: the ``frames=`` of the frame rule and of ``stiefel_adamw`` (``None``: the
+      one default of both, each leaf read by its name, :func:`stiefax.layouts.resolve_frames`).
   """
 
   adamw_lr: Rate = 1e-3
