@@ -246,7 +246,7 @@ class QKNorm(linen.Module):
 
   epsilon: float = 1e-6
   dtype: Any = None
-  param_dtype: Any = jnp.float32
+  param_dtype: Any = "float32"
 
   @linen.compact
   def __call__(self, q: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -290,7 +290,7 @@ class NnxQKNorm(nnx.Module):
     *,
     epsilon: float = 1e-6,
     dtype: Any = None,
-    param_dtype: Any = jnp.float32,
+    param_dtype: Any = "float32",
     rngs: nnx.Rngs,
   ):
     kw = dict(epsilon=epsilon, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
