@@ -13,6 +13,7 @@ from stiefax.experiments import cli
 from stiefax.experiments.checkpoints import Checkpoints
 from stiefax.experiments.lm import config as lm_config
 from stiefax.experiments.lm import data
+from stiefax.experiments.lm import runs as lm_runs
 from stiefax.experiments.lm import tables
 from stiefax.experiments.lm import training
 from stiefax.experiments.lm.model import DecoderLM
@@ -163,7 +164,7 @@ def test_rate_selection_and_sensitivity_follow_wortsman():
   assert tables.sensitivity(runs) == pytest.approx(np.mean(means) - min(means))
   assert tables.sensitivity(runs) == tables.sensitivity(runs[:6])
   assert {r["seed"] for r in tables.sweep_runs(runs)} == {0, 1}
-  assert tables.loss_of(runs[4]) == 8.0 and tables.loss_of(runs[5]) == 8.0
+  assert lm_runs.loss_of(runs[4]) == 8.0 and lm_runs.loss_of(runs[5]) == 8.0
 
 
 def test_the_words_name_the_rate_when_the_runs_span_several():

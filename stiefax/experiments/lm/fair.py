@@ -20,7 +20,6 @@ results folder cannot pick a best from half a cell.
 
 from __future__ import annotations
 
-import math
 from typing import Iterable
 from typing import Optional
 from typing import Sequence
@@ -29,6 +28,7 @@ import numpy as np
 
 from stiefax.experiments import stats
 from stiefax.experiments.lm.config import SWEEP_RATES
+from stiefax.experiments.lm.runs import loss_of
 from stiefax.experiments.report import num
 from stiefax.experiments.report import table
 
@@ -101,12 +101,7 @@ def cell_of(run: dict) -> Cell:
 
 
 def _val(run: dict) -> float:
-  """``min(val loss, loss at init)``; a diverged run's loss is its loss at init."""
-  m = run["metrics"]
-  init, v = m["init_val_bpb"], m.get("val_bpb")
-  if m["diverged"] or v is None or not math.isfinite(v):
-    return init
-  return min(v, init)
+  return loss_of(run, "val_bpb")
 
 
 def missing(runs: Iterable[dict], wanted: Sequence[Cell]) -> list[tuple[Cell, int]]:
@@ -161,11 +156,7 @@ def is_study2(runs: Sequence[dict]) -> bool:
 
 
 def _test(run: dict) -> float:
-  m = run["metrics"]
-  init, v = m["init_val_bpb"], m.get("test_bpb")
-  if m["diverged"] or v is None or not math.isfinite(v):
-    return init
-  return min(v, init)
+  return loss_of(run, "test_bpb")
 
 
 def _by_arm(runs: Sequence[dict]) -> dict:

@@ -11,6 +11,7 @@ an arm's best rate reuses the sweep's runs of that rate.
 from __future__ import annotations
 
 import dataclasses
+import math
 import shlex
 from typing import Any
 
@@ -22,7 +23,15 @@ from stiefax.experiments.lm.config import LMConfig
 #: The frame rate of every preset (study 1's).
 _DEFAULT_FRAME_RATE = LMConfig().frame_lr
 
-__all__ = ["arm_definition", "run_config", "run_identity", "run_name", "run_key", "run_command"]
+__all__ = [
+  "loss_of",
+  "arm_definition",
+  "run_config",
+  "run_identity",
+  "run_name",
+  "run_key",
+  "run_command",
+]
 
 
 def arm_definition(arm: Arm) -> dict:
@@ -113,3 +122,13 @@ def run_command(arm: str, cfg: dict, seed: int, out: Any) -> str:
       parts += [f"--{name.replace('_', '-')}", str(cfg[name])]
   parts += ["--out", shlex.quote(str(out))]
   return " ".join(parts)
+
+
+def loss_of(run: dict, key: str = "val_bpb") -> float:
+  """``min(loss, loss at init)``; a diverged run's loss is its loss at init."""
+  m = run["metrics"]
+  init = m["init_val_bpb"]
+  v = m.get(key)
+  if m["diverged"] or v is None or not math.isfinite(v):
+    return init
+  return min(v, init)

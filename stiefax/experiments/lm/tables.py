@@ -33,22 +33,13 @@ from stiefax.experiments import report as report_lib
 from stiefax.experiments import stats
 from stiefax.experiments.lm import fair
 from stiefax.experiments.lm.config import ARMS
+from stiefax.experiments.lm.runs import loss_of
 from stiefax.experiments.report import num
 from stiefax.experiments.report import table
 
 __all__ = ["report", "summary", "loss_of", "select_rate", "sensitivity", "sweep_runs"]
 
 _ARM_FIELDS = ("adamw_lr", "arm", "frame_lr")
-
-
-def loss_of(run: dict, key: str = "val_bpb") -> float:
-  """``min(loss, loss at init)``; a diverged run's loss is its loss at init."""
-  m = run["metrics"]
-  init = m["init_val_bpb"]
-  v = m.get(key)
-  if m["diverged"] or v is None or not math.isfinite(v):
-    return init
-  return min(v, init)
 
 
 def _by_rate(runs: Sequence[dict]) -> dict:
