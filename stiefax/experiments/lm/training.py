@@ -71,6 +71,7 @@ class Programs:
   loss: Any  # (variables, windows) -> summed loss in nats over the windows' targets
   probe: Any  # (variables, windows) -> {"max_logit", "entropy"}
   isometry: Any  # variables -> max |W^T W - I| over the query/key frames
+  capped: bool = False  # whether chunk's per-step output holds the frame-step cap ratios
 
 
 @functools.lru_cache(maxsize=16)
@@ -133,6 +134,7 @@ def programs(arm: Arm, config: LMConfig) -> Programs:
     isometry=jax.jit(
       lambda v: stiefax.diagnostics.isometry_error(v, frames=stiefax.layouts.qk_frames())
     ),
+    capped=cap_ratio is not None,
   )
 
 
@@ -216,7 +218,7 @@ def _study2_entries(arm: Arm, config: LMConfig, variables: Any, attn: dict, rati
 
   ``logit_bound`` is None where no bound follows from the parameters (QK-norm and
   σReparam arms); ``temperature`` where the arm has none; the cap entries where the
-  frame rule has no cap (``ratios`` None).
+  frame rule has no cap (``ratios`` None, :attr:`Programs.capped`).
   """
   params = variables["params"]
   c = config.model
@@ -240,7 +242,7 @@ def _study2_entries(arm: Arm, config: LMConfig, variables: Any, attn: dict, rati
     "cap_ratio_max": None,
     "cap_fraction": None,
   }
-  if ratios is not None and _cap_ratio_fn(arm, config) is not None:
+  if ratios is not None:
     r = np.asarray(jax.device_get(ratios), np.float64)
     out["cap_ratio_mean"] = float(np.mean(r))
     out["cap_ratio_max"] = float(np.max(r))
@@ -375,7 +377,7 @@ def train(
             hist[k].append(None)
         hist["chunk_time"].append(seconds)
         break
-      evaluate(step, float(np.mean(losses)) / BITS, seconds, ratios)
+      evaluate(step, float(np.mean(losses)) / BITS, seconds, ratios if progs.capped else None)
       bar.set_postfix(val=f"{hist['val_bpb'][-1]:.3f}", logit=f"{hist['max_logit'][-1]:.1f}")
       due = stop.requested or (checkpoint_every and step % checkpoint_every == 0)
       if checkpoints is not None and step < config.steps and due:
