@@ -44,5 +44,16 @@ for arm in B2-temp B2-fold B2-qknorm B2-diag; do
 done
 study_add --arms A2-temp --lr best "${FAIR[@]}" --seeds 2,3,4,5
 
+# The best Stiefel arm of study 2 (docs/lm.md): the rest of study 1's sweep, seeds 0-1.
+study_add --arms best-stiefel --lr "$SWEEP" --frame-lr best --seeds 0,1
+
+# The larger model: A2, A2-qknorm, the best Stiefel arm and its QK-norm partner, each
+# at its best small-model cell and the AdamW rates x3 either side (seed 0 of every
+# cell first, then seed 1), then seeds 2-5 at each arm's best of those three cells.
+LARGE=(--preset large --arms A2,A2-qknorm,best-stiefel,best-stiefel-partner)
+study_add "${LARGE[@]}" --lr around --seeds 0
+study_add "${LARGE[@]}" --lr around --seeds 1
+study_add "${LARGE[@]}" --lr best --select-from around --seeds 2,3,4,5
+
 study_run lm --preset sweep --out "$OUT"
 echo "lm-fair study: every run is finished"

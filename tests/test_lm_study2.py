@@ -244,54 +244,69 @@ def test_the_best_cell_needs_both_selection_seeds_of_every_cell(tmp_path):
     fair.cells("A2-sigma")
 
 
+def _study_record(arm, cell, seed, val, preset="sweep", seen=20.0):
+  cfg = lm_config.PRESETS[preset]
+  c = dataclasses.replace(cfg, adamw_lr=cell[0], frame_lr=cell[1])
+  rc = lm_runs.run_config(arms.ARMS[arm], c, data.load().facts, preset)
+  return {
+    "experiment": "lm",
+    "arm": arm,
+    "seed": seed,
+    "config": rc,
+    "metrics": {
+      "val_bpb": val,
+      "test_bpb": val + 0.01,
+      "init_val_bpb": 8.0,
+      "diverged": False,
+      "max_logit_max": 20.0,
+      "entropy": 1.5,
+      "isometry": 1e-7,
+    },
+    "history": {
+      "head_max_logit": [[[seen] * 8] * 2],
+      "logit_bound": [[[32.0] * 8] * 2],
+      "cap_fraction": [0.25],
+    },
+  }
+
+
+#: The synthetic study 2's best cells and offsets (B2-fold is its best Stiefel arm).
+_TARGET = {"B2": (3e-3, 0.3), "A2": (5.5e-3, 1.0), "A2-qknorm": (1e-2, 1.0)}
+_TARGET |= {a: (1e-2, 0.3) for a in fair.E2_ARMS} | {"A2-temp": (3e-3, 1.0)}
+_OFFSET = {"A2": 0.0, "A2-qknorm": -0.03, "B2": 0.01, "B2-fold": -0.04}
+
+
+def _synthetic_study2(tmp_path):
+  """Every cell of study 2 at seeds 0-1, then seeds 2-5 at the best cells; a run's
+  loss grows with its log-distance from its arm's target cell."""
+  rng = np.random.default_rng(0)
+
+  def write(arm, cell, seed):
+    target = _TARGET[arm]
+    dist = abs(np.log(cell[0] / target[0])) + abs(np.log(cell[1] / target[1]))
+    val = 1.8 + _OFFSET.get(arm, 0.02) + 0.01 * dist + 0.002 * rng.standard_normal()
+    rec = _study_record(arm, cell, seed, val, seen=40.0 if arm == "B2-temp" else 20.0)
+    write_json(tmp_path / lm_runs.run_name(arm, rec["config"], seed), rec)
+
+  grid = {a: fair.cells(a, 0.3) for a in ("B2", "A2", "A2-qknorm", "A2-temp", *fair.E2_ARMS)}
+  for arm, cs in grid.items():
+    for cell in cs:
+      for s in (0, 1):
+        write(arm, cell, s)
+    for s in range(2, 6):
+      write(arm, _TARGET[arm], s)
+  for s in range(2, 6):
+    write("B2", (1e-2, 1.0), s)
+
+
 def test_the_report_of_a_whole_study_two(tmp_path):
   """A synthetic study 2 (every cell, seeds 0-1, then 0-5 at the best cells): the
   report picks the protocol's cells, pairs six seeds and checks the bound."""
   from stiefax.experiments import report as report_lib
   from stiefax.experiments.lm import tables
 
-  rng = np.random.default_rng(0)
-  cfg = lm_config.PRESETS["sweep"]
-  facts = data.load().facts
-  target = {"B2": (3e-3, 0.3), "A2": (5.5e-3, 1.0), "A2-qknorm": (1e-2, 1.0)}
-  target |= {a: (1e-2, 0.3) for a in fair.E2_ARMS} | {"A2-temp": (3e-3, 1.0)}
-  offset = {"A2": 0.0, "A2-qknorm": -0.03, "B2": 0.01, "B2-fold": -0.04}
-
-  def write(arm, cell, seed):
-    c = dataclasses.replace(cfg, adamw_lr=cell[0], frame_lr=cell[1])
-    rc = lm_runs.run_config(arms.ARMS[arm], c, facts, "sweep")
-    dist = abs(np.log(cell[0] / target[arm][0])) + abs(np.log(cell[1] / target[arm][1]))
-    val = 1.8 + offset.get(arm, 0.02) + 0.01 * dist + 0.002 * rng.standard_normal()
-    bound = [[32.0] * 8] * 2
-    seen = [[20.0] * 8] * 2 if arm != "B2-temp" else [[40.0] * 8] * 2
-    rec = {
-      "experiment": "lm",
-      "arm": arm,
-      "seed": seed,
-      "config": rc,
-      "metrics": {
-        "val_bpb": val,
-        "test_bpb": val + 0.01,
-        "init_val_bpb": 8.0,
-        "diverged": False,
-        "max_logit_max": 20.0,
-        "entropy": 1.5,
-        "isometry": 1e-7,
-      },
-      "history": {"head_max_logit": [seen], "logit_bound": [bound], "cap_fraction": [0.25]},
-    }
-    write_json(tmp_path / lm_runs.run_name(arm, rc, seed), rec)
-
-  grid = {a: fair.cells(a, 0.3) for a in ("B2", "A2", "A2-temp", *fair.E2_ARMS)}
-  grid["A2-qknorm"] = [(a, 1.0) for a in lm_config.SWEEP_RATES]
-  for arm, cs in grid.items():
-    for cell in cs:
-      for s in (0, 1):
-        write(arm, cell, s)
-    for s in range(2, 6):
-      write(arm, target[arm], s)
-  for s in range(2, 6):
-    write("B2", (1e-2, 1.0), s)
+  _synthetic_study2(tmp_path)
+  target = _TARGET
   groups, warnings = report_lib.load_runs(tmp_path)
   assert warnings == []
   assert fair.best_cells(groups["lm"]) == target
@@ -308,3 +323,48 @@ def test_the_report_of_a_whole_study_two(tmp_path):
   assert text.count("A2-temp - A2 ") == 1
   budget = text.split("tuning budget")[1].split("\n\n")[0]
   assert "A2         9" in budget and "B2         6" in budget
+
+
+def test_the_larger_models_arms_and_cells_follow_the_small_models_study(tmp_path):
+  """The best Stiefel arm, its QK-norm partner and each arm's three cells on the
+  larger model come from study 2's small-model runs, by the protocol's rules."""
+  facts = data.load().facts
+  with pytest.raises(CommandError, match="not finished"):
+    command.study2_arm("best-stiefel", tmp_path, facts)
+  _synthetic_study2(tmp_path)
+  assert command.study2_arm("best-stiefel", tmp_path, facts) == "B2-fold"
+  assert command.study2_arm("best-stiefel-partner", tmp_path, facts) == "B2-qknorm"
+  assert fair.qknorm_partner("B2") == "B2-qknorm" and fair.qknorm_partner("B2-qknorm") == "B2"
+  with pytest.raises(ValueError, match="Stiefel arms"):
+    fair.qknorm_partner("A2")
+  # x3 either side, rounded so that 3 x 1e-2 is the sweep's 3e-2; the frame rate kept.
+  assert fair.around((1e-2, 0.3)) == [(0.00333333, 0.3), (1e-2, 0.3), (3e-2, 0.3)]
+  assert command.around_cells(tmp_path, "A2", facts) == [
+    (0.00183333, 1.0),
+    (5.5e-3, 1.0),
+    (0.0165, 1.0),
+  ]
+  assert command.around_cells(tmp_path, "B2-fold", facts) == fair.around((1e-2, 0.3))
+  assert command.around_cells(tmp_path, "A2-qknorm", facts) == fair.around((1e-2, 1.0))
+
+
+def test_the_report_of_the_larger_model(tmp_path):
+  """The larger model's runs are a setting of their own: a table of each arm's three
+  cells and the paired table at the best, without study 1's sections."""
+  from stiefax.experiments import report as report_lib
+  from stiefax.experiments.lm import tables
+
+  best = {"A2": (5.5e-3, 1.0), "A2-qknorm": (1e-2, 1.0), "B2-fold": (3e-2, 0.3)}
+  for arm, small in (("A2", (5.5e-3, 1.0)), ("A2-qknorm", (1e-2, 1.0)), ("B2-fold", (1e-2, 0.3))):
+    for cell in fair.around(small):
+      for s in (0, 1):
+        val = 1.7 + 0.01 * abs(np.log(cell[0] / best[arm][0])) + 0.001 * s
+        rec = _study_record(arm, cell, s, val, preset="large")
+        write_json(tmp_path / lm_runs.run_name(arm, rec["config"], s), rec)
+  groups, warnings = report_lib.load_runs(tmp_path)
+  assert warnings == [] and fair.is_large(groups["lm"])
+  assert fair.best_cells(groups["lm"]) == best
+  text = tables.report(groups["lm"], None)
+  assert "lm (large)" in text and "the larger model" in text
+  assert "0.0165: 1.711" in text  # A2's upper cell, mean over seeds 0-1
+  assert "study 1's arms" not in text and "E1 (the frame step)" not in text

@@ -46,7 +46,13 @@ __all__ = ["add_arguments", "resolve_config", "best_rate", "best_cell", "Job", "
 QUICK_ARMS = ("A2", "A2-qknorm", "B2")
 
 
+#: Arm names ``--arms`` resolves from study 2's runs: its best Stiefel arm and that
+#: arm's QK-norm partner (:func:`stiefax.experiments.lm.fair.qknorm_partner`).
+STUDY2_ARMS = ("best-stiefel", "best-stiefel-partner")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+  fair_arms = " or ".join(STUDY2_ARMS)
   parser.description = lm.__doc__
   parser.formatter_class = argparse.RawDescriptionHelpFormatter
   parser.add_argument(
@@ -55,7 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
     "--arms",
     default=None,
-    help=f"comma-separated arms from {','.join(ARMS)} (default {','.join(QUICK_ARMS)})",
+    help=f"comma-separated arms from {','.join(ARMS)}, or {fair_arms}: study 2's best"
+    " Stiefel arm in --cells-from and its QK-norm partner (docs/lm.md; default"
+    f" {','.join(QUICK_ARMS)})",
   )
   parser.add_argument("--seeds", default="0", help="comma-separated seeds in [0, 2^32) (default 0)")
   parser.add_argument(
@@ -63,7 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     default=None,
     help="AdamW peak rate(s), comma-separated, or 'best': each arm's rate of the sweep"
     " (3e-4 to 3e-1, x3 apart) with the lowest mean validation loss among the finished"
-    " runs in --out (default: the preset's rate)",
+    " runs in --out, or 'around': each arm's best cell of study 2 in --cells-from and"
+    " the AdamW rates x3 either side of it, its frame rate kept (default: the preset's"
+    " rate)",
   )
   parser.add_argument(
     "--frame-lr",
@@ -75,11 +85,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   )
   parser.add_argument(
     "--select-from",
-    choices=("sweep", "fair"),
+    choices=("sweep", "fair", "around"),
     default="sweep",
     help="the cells 'best' chooses among: sweep, study 1's seven AdamW rates (3e-4 to"
     " 3e-1) at the given frame rate; fair, study 2's grid of docs/lm.md, where B2's best"
-    " cell also fixes its frame rate (default sweep)",
+    " cell also fixes its frame rate; around, the cells of --lr around (default sweep)",
+  )
+  parser.add_argument(
+    "--cells-from",
+    default=None,
+    metavar="DIR",
+    help="study 2's small-model runs (docs/lm.md), for --lr around and the arm names"
+    f" {fair_arms} (default --out)",
   )
   parser.add_argument(
     "--reuse",
@@ -115,7 +132,9 @@ def _rates(text: str, flag: str = "--lr") -> list[float]:
   try:
     rates = [float(s) for s in text.split(",") if s.strip()]
   except ValueError:
-    raise CommandError(f"{flag} {text!r} must be comma-separated numbers or 'best'.") from None
+    raise CommandError(
+      f"{flag} {text!r} must be comma-separated numbers, 'best' or 'around'."
+    ) from None
   if not rates or any(not (math.isfinite(r) and r > 0) for r in rates):
     raise CommandError(f"{flag} {text!r}: rates must be finite and > 0.")
   return list(dict.fromkeys(rates))
@@ -123,6 +142,40 @@ def _rates(text: str, flag: str = "--lr") -> list[float]:
 
 def _is_best(text) -> bool:
   return text is not None and text.strip().lower() == "best"
+
+
+def _is_around(text) -> bool:
+  return text is not None and text.strip().lower() == "around"
+
+
+def _small_runs(src: pathlib.Path, arm: str, facts: dict) -> list[dict]:
+  """The small-model runs of study 2 of ``arm`` in ``src``."""
+  return _setting_runs(src, arm, PRESETS[fair.SMALL_PRESET], facts, fair.SMALL_PRESET)
+
+
+def study2_arm(name: str, src: pathlib.Path, facts: dict) -> str:
+  """The arm :data:`STUDY2_ARMS`' ``name`` stands for among study 2's runs in ``src``.
+
+  Raises CommandError while a candidate's cells lack a selection seed.
+  """
+  runs = [r for arm in fair.STIEFEL_ARMS for r in _small_runs(src, arm, facts)]
+  best = fair.best_stiefel_arm(runs)
+  if best is None:
+    raise CommandError(
+      f"--arms {name}: the cells of study 2's Stiefel arms ({', '.join(fair.STIEFEL_ARMS)})"
+      f" in {src} are not finished at seeds 0-1."
+    )
+  return best if name == "best-stiefel" else fair.qknorm_partner(best)
+
+
+def around_cells(src: pathlib.Path, arm: str, facts: dict) -> list[tuple[float, float]]:
+  """``arm``'s cells on the larger model: its best cell of study 2's small model in
+  ``src`` and the AdamW rates x3 either side (:func:`stiefax.experiments.lm.fair.around`)."""
+  frame_best = None
+  if arm in fair.E2_ARMS:
+    frame_best = best_cell(src, "B2", PRESETS[fair.SMALL_PRESET], facts, fair.SMALL_PRESET)[1]
+  small = best_cell(src, arm, PRESETS[fair.SMALL_PRESET], facts, fair.SMALL_PRESET, frame_best)
+  return fair.around(small)
 
 
 def _own_frame_rate(arm: str) -> bool:
@@ -237,11 +290,19 @@ class Job(jobs.Job):
 
 
 def run(args: argparse.Namespace) -> int:
-  config, arm_names, seeds = resolve_config(args)
   if not str(args.out).strip():
     raise CommandError("--out is empty; give a directory for the run files.")
   out = writable_dir(args.out, "--out")
   facts = data_lib.load().facts
+  src = out if args.cells_from is None else pathlib.Path(args.cells_from)
+  if args.cells_from is not None and not src.is_dir():
+    raise CommandError(f"--cells-from {args.cells_from}: not a directory.")
+  if args.arms and any(a.strip() in STUDY2_ARMS for a in args.arms.split(",")):
+    names = [a.strip() for a in args.arms.split(",")]
+    names = [study2_arm(a, src, facts) if a in STUDY2_ARMS else a for a in names]
+    print(f"  --arms {args.arms}: {','.join(names)} (study 2's runs in {src})", flush=True)
+    args = argparse.Namespace(**{**vars(args), "arms": ",".join(dict.fromkeys(names))})
+  config, arm_names, seeds = resolve_config(args)
   if args.frame_lr is not None and not _is_best(args.frame_lr):
     frame_rates = _rates(args.frame_lr, "--frame-lr")
   elif _is_best(args.frame_lr):
@@ -255,6 +316,21 @@ def run(args: argparse.Namespace) -> int:
     todo_cells: list[tuple[float, float]] = []
     if args.lr is None:
       todo_cells = [(config.adamw_lr, f) for f in arm_frames]
+    elif _is_around(args.lr):
+      todo_cells = around_cells(src, arm, facts)
+      shown = ", ".join(f"lr {a:g} frame-lr {f:g}" for a, f in todo_cells)
+      print(f"  {arm}: {shown} (around its best cell of study 2 in {src})", flush=True)
+    elif _is_best(args.lr) and args.select_from == "around":
+      wanted = around_cells(src, arm, facts)
+      mine = _setting_runs(out, arm, config, facts, args.preset)
+      cell = fair.select_cell(mine, wanted)
+      if cell is None:
+        raise CommandError(
+          f"--lr best --select-from around: {arm}'s cells in {out} are not finished"
+          f" ({len(fair.missing(mine, wanted))} run(s) missing)."
+        )
+      todo_cells = [cell]
+      print(f"  {arm}: best cell lr {cell[0]:g} frame-lr {cell[1]:g} in {out}", flush=True)
     elif _is_best(args.lr) and args.select_from == "fair":
       frame_best = frame_rates[0] if args.frame_lr is not None and len(frame_rates) == 1 else None
       todo_cells = [best_cell(out, arm, config, facts, args.preset, frame_best)]

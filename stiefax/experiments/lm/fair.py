@@ -44,9 +44,16 @@ __all__ = [
   "cell_of",
   "select_cell",
   "missing",
+  "SMALL_PRESET",
+  "LARGE_PRESET",
+  "STIEFEL_ARMS",
+  "best_stiefel_arm",
+  "qknorm_partner",
+  "around",
   "NEW_ARMS",
   "CONTRASTS",
   "is_study2",
+  "is_large",
   "best_cells",
   "report",
 ]
@@ -72,6 +79,13 @@ E2_ARMS = ("B2-temp", "B2-fold", "B2-qknorm", "B2-diag")
 #: The frame rate recorded by the runs of arms without one (the preset's, unused).
 _UNUSED_FRAME_RATE = 1.0
 
+#: The presets of the small model (E1-E3) and of the larger model.
+SMALL_PRESET = "sweep"
+LARGE_PRESET = "large"
+
+#: The candidates for "the best Stiefel arm of study 2": B2 and the arms of E2 and E3.
+STIEFEL_ARMS = ("B2", *E2_ARMS)
+
 
 def cells(arm: str, frame_best: Optional[float] = None) -> list[Cell]:
   """The cells of ``arm`` in study 2's grid.
@@ -85,12 +99,14 @@ def cells(arm: str, frame_best: Optional[float] = None) -> list[Cell]:
     return [(a, _UNUSED_FRAME_RATE) for a in A2_RATES]
   if arm == "A2-temp":
     return [(a, _UNUSED_FRAME_RATE) for a in E2_ADAMW_RATES]
+  if arm == "A2-qknorm":  # study 1's sweep, reused
+    return [(a, _UNUSED_FRAME_RATE) for a in SWEEP_RATES]
   if arm in E2_ARMS:
     if frame_best is None:
       raise ValueError(f"{arm}: its cells are at E1's best frame rate; give frame_best")
     return [(a, frame_best) for a in E2_ADAMW_RATES]
   raise ValueError(
-    f"arm {arm!r} is not in study 2; its arms are B2, A2, A2-temp, {', '.join(E2_ARMS)}"
+    f"arm {arm!r} is not in study 2; its arms are B2, A2, A2-qknorm, A2-temp, {', '.join(E2_ARMS)}"
   )
 
 
@@ -122,6 +138,55 @@ def select_cell(runs: Iterable[dict], wanted: Sequence[Cell]) -> Optional[Cell]:
   return min(means, key=lambda c: (means[c], c))
 
 
+def _arm_mean(runs: Sequence[dict], arm: str, frame_best: float) -> Optional[tuple[float, Cell]]:
+  mine = [r for r in runs if r["arm"] == arm]
+  cell = select_cell(mine, cells(arm, frame_best))
+  if cell is None:
+    return None
+  by = {(cell_of(r), r["seed"]): r for r in mine}
+  return float(np.mean([_val(by[(cell, s)]) for s in SELECTION_SEEDS])), cell
+
+
+def best_stiefel_arm(runs: Sequence[dict]) -> Optional[str]:
+  """The best Stiefel arm of study 2: of :data:`STIEFEL_ARMS`, the one with the lowest
+  mean validation loss over the selection seeds at its best cell (ties: the order of
+  :data:`STIEFEL_ARMS`). ``runs`` are the small model's runs of study 2; None while a
+  candidate's cells lack a selection seed."""
+  b2 = _arm_mean(runs, "B2", 1.0)  # B2's grid does not depend on frame_best
+  if b2 is None:
+    return None
+  means = {"B2": b2[0]}
+  for arm in E2_ARMS:
+    m = _arm_mean(runs, arm, b2[1][1])
+    if m is None:
+      return None
+    means[arm] = m[0]
+  return min(STIEFEL_ARMS, key=lambda a: (means[a], STIEFEL_ARMS.index(a)))
+
+
+def qknorm_partner(arm: str) -> str:
+  """The larger model's fourth arm: ``arm`` with QK-norm, or without it if it has it.
+
+  ``B2`` -> ``B2-qknorm`` and ``B2-qknorm`` -> ``B2``. The registry has no QK-norm
+  variant of ``B2-temp``, ``B2-fold`` or ``B2-diag``; for those the partner is
+  ``B2-qknorm`` (docs/lm.md, "Study 2", fixed before E2's results were in).
+  """
+  if arm not in STIEFEL_ARMS:
+    raise ValueError(f"{arm!r} is not one of study 2's Stiefel arms {STIEFEL_ARMS}")
+  return "B2" if arm == "B2-qknorm" else "B2-qknorm"
+
+
+def _three(x: float) -> float:
+  return float(f"{x:.6g}")  # 3 x 1e-2 is 0.03, not 0.030000000000000002
+
+
+def around(cell: Cell) -> list[Cell]:
+  """The larger model's cells of an arm whose small-model best cell is ``cell``: its
+  AdamW rate and the rates x3 either side, the frame rate kept."""
+  a, f = cell
+  return [(_three(a / 3), f), (a, f), (_three(a * 3), f)]
+
+
 # ----------------------------------------------------------------------------------
 # The report of study 2 (``stiefax report results/lm-fair``).
 # ----------------------------------------------------------------------------------
@@ -149,10 +214,18 @@ def _own(run: dict) -> bool:
 
 
 def is_study2(runs: Sequence[dict]) -> bool:
-  """Whether a setting's runs hold study 2's arms or frame rates."""
+  """Whether a setting's runs hold study 2's arms or frame rates, or its larger model."""
   return any(
-    r["arm"] in NEW_ARMS or (_own(r) and float(r["config"]["frame_lr"]) != 1.0) for r in runs
+    r["arm"] in NEW_ARMS
+    or (_own(r) and float(r["config"]["frame_lr"]) != 1.0)
+    or r["config"]["preset"] == LARGE_PRESET
+    for r in runs
   )
+
+
+def is_large(runs: Sequence[dict]) -> bool:
+  """Whether a setting's runs are of study 2's larger model."""
+  return bool(runs) and runs[0]["config"]["preset"] == LARGE_PRESET
 
 
 def _test(run: dict) -> float:
@@ -181,10 +254,24 @@ def _mean_cap(arm_runs: dict, cell: Cell) -> Optional[float]:
   return float(np.mean(fr)) if fr else None
 
 
+def _tried(arm_runs: dict) -> list[Cell]:
+  return sorted({c for c, s in arm_runs if s in SELECTION_SEEDS})
+
+
 def best_cells(runs: Sequence[dict]) -> dict:
-  """``{arm: cell}``: each arm's best cell under the protocol, where it can be chosen."""
+  """``{arm: cell}``: each arm's best cell under the protocol, where it can be chosen.
+
+  On the larger model an arm's cells are the three it was given (:func:`around` its
+  small-model best), so the best is chosen among the cells it ran.
+  """
   by = _by_arm(runs)
   out: dict = {}
+  if is_large(runs):
+    for arm, arm_runs in by.items():
+      c = select_cell(arm_runs.values(), _tried(arm_runs))
+      if c is not None:
+        out[arm] = c
+    return out
   if "B2" in by:
     c = select_cell(by["B2"].values(), cells("B2"))
     if c is not None:
@@ -194,13 +281,8 @@ def best_cells(runs: Sequence[dict]) -> dict:
       continue
     try:
       wanted = cells(arm, out["B2"][1] if "B2" in out else None)
-    except ValueError:
-      wanted = None
-    if wanted is None:  # A2-qknorm (study 1's sweep) or an E2 arm before E1 is done
-      if arm == "A2-qknorm":
-        wanted = [(a, _UNUSED_FRAME_RATE) for a in SWEEP_RATES]
-      else:
-        continue
+    except ValueError:  # an arm outside study 2, or an E2 arm before E1 is done
+      continue
     c = select_cell(by[arm].values(), wanted)
     if c is not None:
       out[arm] = c
@@ -341,8 +423,29 @@ def _best_tables(by: dict, best: dict) -> list[str]:
   return lines
 
 
+def _large_tables(by: dict, best: dict) -> list[str]:
+  rows = []
+  for arm, arm_runs in by.items():
+    tried = _tried(arm_runs)
+    f = tried[0][1] if tried else _UNUSED_FRAME_RATE
+    label = arm if not arm.startswith("B2") else f"{arm}, frame {f:g}"
+    shown = [f"{a:g}: {num(_cell_mean(arm_runs, (a, f)), '.3f')}" for a, f in tried]
+    b = best.get(arm)
+    rows.append([label, "; ".join(shown), "-" if b is None else f"{b[0]:g}"])
+  lines = [
+    "study 2, the larger model: final validation loss, bits per byte (mean over seeds",
+    "  0-1) at each arm's best small-model AdamW rate and x3 either side ('-': a seed",
+    "  is missing), and the best",
+    table(["arm", "AdamW rate: loss", "best"], rows),
+    "",
+  ]
+  return lines
+
+
 def report(runs: Sequence[dict]) -> list[str]:
   """The tables of study 2 for one setting's runs (docs/lm.md, "Study 2")."""
   by = _by_arm(runs)
   best = best_cells(runs)
+  if is_large(runs):
+    return _large_tables(by, best) + _best_tables(by, best)
   return _grid_tables(by, best) + _best_tables(by, best)

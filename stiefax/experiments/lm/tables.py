@@ -351,6 +351,9 @@ def report(runs: list[dict], out_dir: Optional[pathlib.Path]) -> str:
   for r in runs:
     groups.setdefault(_group_key(r["config"]), []).append(r)
   lines: list[str] = []
+  # A figure is named by its preset, and by its setting's index only where two
+  # settings share a preset.
+  presets = [g[0]["config"]["preset"] for _, g in sorted(groups.items())]
   for gi, (_, group) in enumerate(sorted(groups.items())):
     study2 = fair.is_study2(group)
     by_arm = _arms(_study1_runs(group) if study2 else group)
@@ -358,13 +361,16 @@ def report(runs: list[dict], out_dir: Optional[pathlib.Path]) -> str:
     lines.append("")
     if study2:
       lines += fair.report(group)
+      if fair.is_large(group):
+        continue
       lines.append("study 1's arms at study 1's frame rate, as study 1 reports them:")
       lines.append("")
     lines += _sweep_tables(by_arm)
     best, chosen = _best_table(by_arm)
     lines += best
     lines += _contrast_table(chosen)
-    stem = f"lm_{group[0]['config']['preset']}" + (f"_{gi}" if len(groups) > 1 else "")
+    preset = group[0]["config"]["preset"]
+    stem = f"lm_{preset}" + (f"_{gi}" if presets.count(preset) > 1 else "")
     if out_dir is not None:
       lines += _plots(by_arm, chosen, pathlib.Path(out_dir), stem)
     lines.append("")
