@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from stiefax import geometry
-from stiefax.frames import FrameSpec
+from stiefax._frames import FrameSpec
 
 PARAMS_REQUIRED = (
   "stiefax.{name} needs the current point W: call"

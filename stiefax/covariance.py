@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from stiefax.frames import FramesLike
+from stiefax._frames import FramesLike
 from stiefax.labels import LabelsLike
 from stiefax.labels import label_mask
 from stiefax.layouts import STIEFEL_LABEL

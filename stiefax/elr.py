@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stiefax._frames import FramesLike
 from stiefax._routing import per_leaf
-from stiefax.frames import FramesLike
 from stiefax.labels import LabelsLike
 from stiefax.labels import label_mask
 from stiefax.layouts import STIEFEL_LABEL

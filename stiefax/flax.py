@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 
 from stiefax import geometry
-from stiefax.frames import FramesLike
-from stiefax.frames import FrameSpec
+from stiefax._frames import FramesLike
+from stiefax._frames import FrameSpec
 from stiefax.labels import LabelsLike
 from stiefax.labels import resolve_labels
 from stiefax.layouts import STIEFEL_LABEL

@@ -8,7 +8,7 @@ query/key weight layouts of Flax, Gemma, Llama-style and GPT-2-style models
 what ``labels=None`` and ``frames=None`` mean everywhere in stiefax
 (:func:`stiefax.labels.resolve_labels`, :func:`resolve_frames`).
 
-This module depends only on JAX and :mod:`stiefax.frames`: the Flax helpers, the
+This module depends only on JAX and :class:`stiefax.FrameSpec`: the Flax helpers, the
 optimizers and the diagnostics all import it, never the other way round.
 """
 
@@ -24,8 +24,8 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from stiefax.frames import FramesLike
-from stiefax.frames import FrameSpec
+from stiefax._frames import FramesLike
+from stiefax._frames import FrameSpec
 
 __all__ = [
   "STIEFEL_LABEL",

@@ -63,9 +63,9 @@ import jax.numpy as jnp
 import optax
 
 from stiefax import _routing
+from stiefax import _transforms
 from stiefax import geometry
-from stiefax import transforms
-from stiefax.frames import FramesLike
+from stiefax._frames import FramesLike
 from stiefax.layouts import checked_frames
 
 __all__ = [
@@ -260,7 +260,7 @@ def manifold_muon(
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
-  _routing.check_name("retraction", retraction, transforms.RETRACTIONS)
+  _routing.check_name("retraction", retraction, _transforms.RETRACTIONS)
   _routing.check_hyperparams(
     "manifold_muon",
     learning_rate=learning_rate,
@@ -283,7 +283,9 @@ def manifold_muon(
       return jnp.zeros_like(w), multiplier, residual, gap, skipped
 
     # The retraction's init validates that the frames are on the manifold.
-    retract_state = transforms.retract(retraction, frames=frames, name="manifold_muon").init(params)
+    retract_state = _transforms.retract(retraction, frames=frames, name="manifold_muon").init(
+      params
+    )
     del retract_state
     mu, multiplier, residual, gap, skipped = _routing.per_leaf(leaf, 5, params)
     return ManifoldMuonState(jnp.zeros([], jnp.int32), mu, multiplier, residual, gap, skipped)

@@ -34,11 +34,11 @@ import optax
 
 from stiefax import _routing
 from stiefax import geometry
-from stiefax.frames import FramesLike
-from stiefax.frames import FrameSpec
+from stiefax._frames import FramesLike
+from stiefax._frames import FrameSpec
+from stiefax._projections import norm_cap
+from stiefax._transforms import ScalarMomentState
 from stiefax.layouts import resolve_frames
-from stiefax.projections import norm_cap
-from stiefax.transforms import ScalarMomentState
 
 # sphere_project, sphere_retract and hyperball_adam are exported by stiefax.
 __all__ = ["sphere_moment", "frame_axes"]

@@ -1,4 +1,4 @@
-"""Ready-made optimizers: chains of the transforms in :mod:`stiefax.transforms`."""
+"""Ready-made optimizers: chains of the frame transforms of :mod:`stiefax`."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ import jax
 import optax
 
 from stiefax import _routing
+from stiefax import _transforms
 from stiefax import geometry
-from stiefax import transforms
+from stiefax._frames import FramesLike
+from stiefax._frames import FrameSpec
 from stiefax._fused import fused_scalar_adam
-from stiefax.frames import FramesLike
-from stiefax.frames import FrameSpec
+from stiefax._projections import project
+from stiefax._projections import step_norm_cap
 from stiefax.labels import LabelsLike
 from stiefax.labels import checked_labels
 from stiefax.layouts import EUCLIDEAN_LABEL
@@ -28,8 +30,6 @@ from stiefax.layouts import layout_of
 from stiefax.layouts import path_names
 from stiefax.layouts import qk_frames
 from stiefax.layouts import resolve_frames
-from stiefax.projections import project
-from stiefax.projections import step_norm_cap
 
 __all__ = [
   "MOMENTS",
@@ -86,7 +86,7 @@ def riemannian_adam(
 
   With the scalar moment the transform is the chain
   ``projector -> scalar_moment -> scale_by_learning_rate -> step_norm_cap ->
-  polar_retract`` of :mod:`stiefax.transforms`, with the chain's state, computed in
+  polar_retract`` of :mod:`stiefax`, with the chain's state, computed in
   one pass per frame (``fused=True``): the projection of the gradient and the
   transport of the first moment are linear in their argument, so both come from one
   product ``W^T [g | m_{t-1}]`` and one ``W [N_g | N_m]``
@@ -158,7 +158,7 @@ def riemannian_adam(
     max_norm=max_norm,
     init_tol=init_tol,
   )
-  moment_fn = transforms.scalar_moment if moment == "scalar" else transforms.elementwise_moment
+  moment_fn = _transforms.scalar_moment if moment == "scalar" else _transforms.elementwise_moment
   transport = geometry.projection(projector).transport
   lr_tx = optax.scale_by_learning_rate(learning_rate)
   parts = [
@@ -200,8 +200,8 @@ def _retraction(
   init_tol: Optional[float] = None,
 ) -> optax.GradientTransformation:
   if retraction == "polar":
-    return transforms.polar_retract(method, frames=frames, step_bound=bound, init_tol=init_tol)
-  return transforms.retract(retraction, method, frames=frames, step_bound=bound, init_tol=init_tol)
+    return _transforms.polar_retract(method, frames=frames, step_bound=bound, init_tol=init_tol)
+  return _transforms.retract(retraction, method, frames=frames, step_bound=bound, init_tol=init_tol)
 
 
 def riemannian_sgd(

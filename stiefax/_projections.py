@@ -4,8 +4,8 @@ Each is an ``optax.GradientTransformation`` that maps every frame's update by a
 projection: onto the tangent (or horizontal) space at the current point ``W``
 (:func:`stiefel_project`, :func:`grassmann_project`, :func:`canonical_gradient`, which
 read ``params``), or onto the Frobenius ball of radius ``tau sqrt(r)``
-(:func:`step_norm_cap`). They are re-exported by :mod:`stiefax.transforms` and
-:mod:`stiefax`; see :mod:`stiefax.transforms` for the chain they belong to.
+(:func:`step_norm_cap`). They are exported by :mod:`stiefax`; see
+:func:`stiefax.riemannian_adam` for the chain they belong to.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import optax
 
 from stiefax import _routing
 from stiefax import geometry
-from stiefax.frames import FramesLike
+from stiefax._frames import FramesLike
 from stiefax.layouts import checked_frames
 
 __all__ = [
@@ -210,7 +210,7 @@ def project(
 
   Example:
     >>> import jax, optax, stiefax
-    >>> from stiefax.projections import project
+    >>> from stiefax._projections import project
     >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 2, 3))
     >>> g = jax.random.normal(jax.random.key(1), w.shape)
     >>> xi, _ = project("canonical").update(g, optax.EmptyState(), w)

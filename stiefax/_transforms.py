@@ -47,9 +47,9 @@ import optax
 
 from stiefax import _routing
 from stiefax import geometry
+from stiefax._frames import FramesLike
 from stiefax._matrix import POLAR_METHODS
 from stiefax._routing import expand
-from stiefax.frames import FramesLike
 from stiefax.layouts import checked_frames
 
 __all__ = [
