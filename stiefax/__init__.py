@@ -54,9 +54,6 @@ if typing.TYPE_CHECKING:  # the static view of the names loaded by __getattr__
   from stiefax._transforms import scalar_moment
   from stiefax.muon import ManifoldMuonState
   from stiefax.muon import manifold_muon
-  from stiefax.sphere import hyperball_adam
-  from stiefax.sphere import sphere_project
-  from stiefax.sphere import sphere_retract
 
 __version__ = "0.2.0"
 
@@ -89,9 +86,6 @@ _EXPORTS = {
   "grassmann_project": "stiefax._projections",
   "step_norm_cap": "stiefax._projections",
   "stiefel_project": "stiefax._projections",
-  "hyperball_adam": "stiefax.sphere",
-  "sphere_project": "stiefax.sphere",
-  "sphere_retract": "stiefax.sphere",
   "PROJECTORS": "stiefax._transforms",
   "RETRACTIONS": "stiefax._transforms",
   "ElementwiseMomentState": "stiefax._transforms",
@@ -122,9 +116,6 @@ __all__ = [
   "stiefel_adamw",
   "manifold_muon",
   "ManifoldMuonState",
-  "sphere_project",
-  "sphere_retract",
-  "hyperball_adam",
   "POLAR_METHODS",
   "PROJECTORS",
   "RETRACTIONS",

@@ -40,8 +40,7 @@ from stiefax._projections import norm_cap
 from stiefax._transforms import ScalarMomentState
 from stiefax.layouts import resolve_frames
 
-# sphere_project, sphere_retract and hyperball_adam are exported by stiefax.
-__all__ = ["sphere_moment", "frame_axes"]
+__all__ = ["sphere_project", "sphere_retract", "sphere_moment", "hyperball_adam", "frame_axes"]
 
 
 def frame_axes(spec: FrameSpec, shape: Sequence[int]) -> tuple[int, ...]:
@@ -120,7 +119,7 @@ def sphere_project(*, frames: FramesLike = None) -> optax.GradientTransformation
   Example:
     >>> import jax.numpy as jnp, optax, stiefax
     >>> w = jnp.array([3.0, 4.0])
-    >>> out, _ = stiefax.sphere_project().update(jnp.array([1.0, 0.0]), optax.EmptyState(), w)
+    >>> out, _ = stiefax.sphere.sphere_project().update(jnp.array([1.0, 0.0]), optax.EmptyState(), w)
     >>> out.round(4)                      # (1, 0) - 3/25 (3, 4)
     Array([ 0.64, -0.48], dtype=float32)
 
@@ -167,7 +166,7 @@ def sphere_retract(
   Example:
     >>> import jax.numpy as jnp, optax, stiefax
     >>> w = jnp.array([3.0, 4.0])
-    >>> tx = stiefax.sphere_retract()
+    >>> tx = stiefax.sphere.sphere_retract()
     >>> u, _ = tx.update(jnp.array([1.0, -1.0]), tx.init(w), w)
     >>> w = optax.apply_updates(w, u)
     >>> float(jnp.linalg.norm(w)), w.round(4)          # 5 (4, 3) / 5
@@ -387,7 +386,7 @@ def hyperball_adam(
   Example:
     >>> import jax, jax.numpy as jnp, optax, stiefax
     >>> w = jax.random.normal(jax.random.key(0), (16, 2, 4))   # two heads
-    >>> tx = stiefax.hyperball_adam(1.0)
+    >>> tx = stiefax.sphere.hyperball_adam(1.0)
     >>> state = tx.init(w)
     >>> g = jax.random.normal(jax.random.key(1), w.shape)
     >>> updates, state = tx.update(g, state, w)
