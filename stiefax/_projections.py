@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from stiefax import _checks
 from stiefax import _routing
 from stiefax import geometry
 from stiefax._frames import FramesLike
@@ -39,7 +40,7 @@ def _projection(
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None):
-    _routing.require_params(name, params, updates)
+    _checks.require_params(name, params, updates)
 
     def leaf(path, u, w):
       spec = checked_frames(frames, path, w)
@@ -155,7 +156,7 @@ def step_norm_cap(
     An ``optax.GradientTransformation``.
   """
 
-  _routing.check_hyperparams("step_norm_cap", max_norm=max_norm)
+  _checks.check_hyperparams("step_norm_cap", max_norm=max_norm)
 
   def stiefel_frames(path, u):
     spec = checked_frames(frames, path, u)
@@ -187,12 +188,12 @@ def norm_cap(
 
   def update_fn(updates, state, params=None):
     del params
-    ok = _routing.hyperparams_ok(max_norm=max_norm)  # a traced tau out of range: a NaN step
+    ok = _checks.hyperparams_ok(max_norm=max_norm)  # a traced tau out of range: a NaN step
 
     def leaf(path, u):
       eta, sq_norm, r, restore = frames_of(path, u)
       limit = jnp.asarray(max_norm, eta.dtype) * math.sqrt(r)
-      factor = _routing.nan_unless(ok, _routing.cap_factor(jnp.sqrt(sq_norm), limit))
+      factor = _checks.nan_unless(ok, _routing.cap_factor(jnp.sqrt(sq_norm), limit))
       return restore(eta * factor)
 
     return jax.tree_util.tree_map_with_path(leaf, updates), state

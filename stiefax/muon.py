@@ -62,6 +62,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from stiefax import _checks
 from stiefax import _routing
 from stiefax import _transforms
 from stiefax import geometry
@@ -260,8 +261,8 @@ def manifold_muon(
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
-  _routing.check_name("retraction", retraction, _transforms.RETRACTIONS)
-  _routing.check_hyperparams(
+  _checks.check_name("retraction", retraction, _transforms.RETRACTIONS)
+  _checks.check_hyperparams(
     "manifold_muon",
     learning_rate=learning_rate,
     beta=beta,
@@ -291,7 +292,7 @@ def manifold_muon(
     return ManifoldMuonState(jnp.zeros([], jnp.int32), mu, multiplier, residual, gap, skipped)
 
   def update_fn(updates, state, params=None):
-    _routing.require_params("manifold_muon", params, updates)
+    _checks.require_params("manifold_muon", params, updates)
     mstate = state
     count = optax.safe_increment(mstate.count)
     # -lr from optax's own transform. A schedule reads the count before the step,
@@ -303,7 +304,7 @@ def manifold_muon(
     neg_lr, _ = lr_tx.update(jnp.ones([]), lr_state)
     # A traced beta or rate out of range (a schedule turned NaN): a counted skip.
     lr = -neg_lr if callable(learning_rate) else learning_rate
-    ok = _routing.hyperparams_ok(beta=beta, learning_rate=lr)
+    ok = _checks.hyperparams_ok(beta=beta, learning_rate=lr)
 
     def leaf(path, g, w, mu, lam, res, gap, skipped):
       spec = checked_frames(frames, path, w)

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from stiefax import _checks
 from stiefax import _routing
 from stiefax import geometry
 from stiefax._frames import FramesLike
@@ -137,7 +138,7 @@ def sphere_project(*, frames: FramesLike = None) -> optax.GradientTransformation
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None):
-    _routing.require_params("sphere_project", params, updates)
+    _checks.require_params("sphere_project", params, updates)
 
     def leaf(path, u, w):
       axes = _leaf_axes(frames, path, w)
@@ -182,14 +183,14 @@ def sphere_retract(
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
 
-  _routing.check_hyperparams("sphere_retract", radius=radius)
+  _checks.check_hyperparams("sphere_retract", radius=radius)
 
   def init_fn(params):
     del params
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None):
-    _routing.require_params("sphere_retract", params, updates)
+    _checks.require_params("sphere_retract", params, updates)
 
     def leaf(path, u, w):
       axes = _leaf_axes(frames, path, w)
@@ -261,7 +262,7 @@ def sphere_moment(
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
 
-  _routing.check_hyperparams("sphere_moment", b1=b1, b2=b2, eps=eps)
+  _checks.check_hyperparams("sphere_moment", b1=b1, b2=b2, eps=eps)
 
   def init_fn(params):
     def leaf(path, w):
@@ -275,9 +276,9 @@ def sphere_moment(
     return ScalarMomentState(jnp.zeros([], jnp.int32), mu, nu, skipped)
 
   def update_fn(updates, state, params=None):
-    _routing.require_params("sphere_moment", params, updates)
+    _checks.require_params("sphere_moment", params, updates)
     count = optax.safe_increment(state.count)
-    ok = _routing.hyperparams_ok(b1=b1, b2=b2, eps=eps)
+    ok = _checks.hyperparams_ok(b1=b1, b2=b2, eps=eps)
 
     def leaf(path, u, w, mu, nu, skipped):
       axes = _leaf_axes(frames, path, w)
@@ -319,7 +320,7 @@ def _relative_step(frames: FramesLike) -> optax.GradientTransformation:
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None):
-    _routing.require_params("hyperball_adam", params, updates)
+    _checks.require_params("hyperball_adam", params, updates)
 
     def leaf(path, u, w):
       spec = resolve_frames(frames, path, w)
@@ -411,7 +412,7 @@ def hyperball_adam(
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
-  _routing.check_hyperparams(
+  _checks.check_hyperparams(
     "hyperball_adam",
     learning_rate=learning_rate,
     b1=b1,

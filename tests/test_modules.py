@@ -96,7 +96,7 @@ def test_no_module_uses_another_modules_private_names(name):
         for a in node.names
         if a.name.startswith("_")
         and a.name != "__version__"
-        # The package's private modules (stiefax._routing) hold public helpers.
+        # The package's private modules (stiefax._routing, stiefax._checks) hold helpers.
         and not (node.module == "stiefax" and (PACKAGE / f"{a.name}.py").exists())
       ]
     if (
