@@ -15,21 +15,21 @@ import optax
 from stiefax import _checks
 from stiefax import _transforms
 from stiefax import geometry
-from stiefax._frames import FramesLike
 from stiefax._frames import FrameSpec
 from stiefax._fused import fused_scalar_adam
+from stiefax._layouts import EUCLIDEAN_LABEL
+from stiefax._layouts import STIEFEL_LABEL
+from stiefax._layouts import decay_mask
+from stiefax._layouts import layout_of
+from stiefax._layouts import path_names
+from stiefax._layouts import qk_frames
 from stiefax._projections import project
 from stiefax._projections import step_norm_cap
-from stiefax.labels import LabelsLike
-from stiefax.labels import checked_labels
-from stiefax.layouts import EUCLIDEAN_LABEL
-from stiefax.layouts import STIEFEL_LABEL
-from stiefax.layouts import checked_frames
-from stiefax.layouts import decay_mask
-from stiefax.layouts import layout_of
-from stiefax.layouts import path_names
-from stiefax.layouts import qk_frames
-from stiefax.layouts import resolve_frames
+from stiefax._resolve import FramesLike
+from stiefax._resolve import LabelsLike
+from stiefax._resolve import checked_frames
+from stiefax._resolve import checked_labels
+from stiefax._resolve import resolve_frames
 
 __all__ = [
   "MOMENTS",

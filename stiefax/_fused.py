@@ -41,12 +41,12 @@ import optax
 from stiefax import _checks
 from stiefax import _routing
 from stiefax import geometry
-from stiefax._frames import FramesLike
 from stiefax._frames import FrameSpec
+from stiefax._resolve import FramesLike
+from stiefax._resolve import checked_frames
 from stiefax._routing import expand
 from stiefax._transforms import PolarRetractState
 from stiefax._transforms import ScalarMomentState
-from stiefax.layouts import checked_frames
 
 _WRONG_STATE = (
   "riemannian_adam: the optimizer state holds {n} {kind} entries where the fused update"

@@ -48,10 +48,10 @@ import optax
 from stiefax import _checks
 from stiefax import _routing
 from stiefax import geometry
-from stiefax._frames import FramesLike
 from stiefax._matrix import POLAR_METHODS
+from stiefax._resolve import FramesLike
+from stiefax._resolve import checked_frames
 from stiefax._routing import expand
-from stiefax.layouts import checked_frames
 
 __all__ = [
   "PROJECTORS",

@@ -30,11 +30,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from stiefax._frames import FramesLike
-from stiefax.labels import LabelsLike
+from stiefax._layouts import STIEFEL_LABEL
+from stiefax._resolve import FramesLike
+from stiefax._resolve import LabelsLike
+from stiefax._resolve import resolve_frames
 from stiefax.labels import label_mask
-from stiefax.layouts import STIEFEL_LABEL
-from stiefax.layouts import resolve_frames
 
 __all__ = [
   "Action",

@@ -66,8 +66,8 @@ from stiefax import _checks
 from stiefax import _routing
 from stiefax import _transforms
 from stiefax import geometry
-from stiefax._frames import FramesLike
-from stiefax.layouts import checked_frames
+from stiefax._resolve import FramesLike
+from stiefax._resolve import checked_frames
 
 __all__ = [
   "DUAL_ITERATIONS",

@@ -35,11 +35,11 @@ import optax
 from stiefax import _checks
 from stiefax import _routing
 from stiefax import geometry
-from stiefax._frames import FramesLike
 from stiefax._frames import FrameSpec
 from stiefax._projections import norm_cap
+from stiefax._resolve import FramesLike
+from stiefax._resolve import resolve_frames
 from stiefax._transforms import ScalarMomentState
-from stiefax.layouts import resolve_frames
 
 __all__ = ["sphere_project", "sphere_retract", "sphere_moment", "hyperball_adam", "frame_axes"]
 

@@ -67,7 +67,7 @@ def test_library_modules_form_no_import_cycle():
 
 def test_frames_and_layouts_are_leaf_modules():
   assert not set(_imports("_frames")), _imports("frames")
-  assert set(_imports("layouts")) == {"_frames"}, _imports("layouts")
+  assert set(_imports("_layouts")) == {"_frames"}, _imports("_layouts")
 
 
 def test_imports_are_at_module_level():
