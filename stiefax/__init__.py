@@ -32,31 +32,28 @@ if typing.TYPE_CHECKING:  # the static view of the names loaded by __getattr__
   from stiefax import layouts
   from stiefax import muon
   from stiefax import sphere
+  from stiefax._alias import MOMENTS
+  from stiefax._alias import FramesAndRestState
+  from stiefax._alias import riemannian_adam
+  from stiefax._alias import riemannian_sgd
+  from stiefax._alias import stiefel_adamw
+  from stiefax._frames import FrameSpec
   from stiefax._matrix import POLAR_METHODS
-  from stiefax.alias import MOMENTS
-  from stiefax.alias import FramesAndRestState
-  from stiefax.alias import riemannian_adam
-  from stiefax.alias import riemannian_sgd
-  from stiefax.alias import stiefel_adamw
-  from stiefax.frames import FrameSpec
+  from stiefax._projections import canonical_gradient
+  from stiefax._projections import grassmann_project
+  from stiefax._projections import step_norm_cap
+  from stiefax._projections import stiefel_project
+  from stiefax._transforms import PROJECTORS
+  from stiefax._transforms import RETRACTIONS
+  from stiefax._transforms import ElementwiseMomentState
+  from stiefax._transforms import PolarRetractState
+  from stiefax._transforms import ScalarMomentState
+  from stiefax._transforms import elementwise_moment
+  from stiefax._transforms import polar_retract
+  from stiefax._transforms import retract
+  from stiefax._transforms import scalar_moment
   from stiefax.muon import ManifoldMuonState
   from stiefax.muon import manifold_muon
-  from stiefax.projections import canonical_gradient
-  from stiefax.projections import grassmann_project
-  from stiefax.projections import step_norm_cap
-  from stiefax.projections import stiefel_project
-  from stiefax.sphere import hyperball_adam
-  from stiefax.sphere import sphere_project
-  from stiefax.sphere import sphere_retract
-  from stiefax.transforms import PROJECTORS
-  from stiefax.transforms import RETRACTIONS
-  from stiefax.transforms import ElementwiseMomentState
-  from stiefax.transforms import PolarRetractState
-  from stiefax.transforms import ScalarMomentState
-  from stiefax.transforms import elementwise_moment
-  from stiefax.transforms import polar_retract
-  from stiefax.transforms import retract
-  from stiefax.transforms import scalar_moment
 
 __version__ = "0.2.0"
 
@@ -77,30 +74,27 @@ _SUBMODULES = (
 #: Each public name of the top level and the module that defines it.
 _EXPORTS = {
   "POLAR_METHODS": "stiefax._matrix",
-  "MOMENTS": "stiefax.alias",
-  "FramesAndRestState": "stiefax.alias",
-  "riemannian_adam": "stiefax.alias",
-  "riemannian_sgd": "stiefax.alias",
-  "stiefel_adamw": "stiefax.alias",
-  "FrameSpec": "stiefax.frames",
+  "MOMENTS": "stiefax._alias",
+  "FramesAndRestState": "stiefax._alias",
+  "riemannian_adam": "stiefax._alias",
+  "riemannian_sgd": "stiefax._alias",
+  "stiefel_adamw": "stiefax._alias",
+  "FrameSpec": "stiefax._frames",
   "ManifoldMuonState": "stiefax.muon",
   "manifold_muon": "stiefax.muon",
-  "canonical_gradient": "stiefax.projections",
-  "grassmann_project": "stiefax.projections",
-  "step_norm_cap": "stiefax.projections",
-  "stiefel_project": "stiefax.projections",
-  "hyperball_adam": "stiefax.sphere",
-  "sphere_project": "stiefax.sphere",
-  "sphere_retract": "stiefax.sphere",
-  "PROJECTORS": "stiefax.transforms",
-  "RETRACTIONS": "stiefax.transforms",
-  "ElementwiseMomentState": "stiefax.transforms",
-  "PolarRetractState": "stiefax.transforms",
-  "ScalarMomentState": "stiefax.transforms",
-  "elementwise_moment": "stiefax.transforms",
-  "polar_retract": "stiefax.transforms",
-  "retract": "stiefax.transforms",
-  "scalar_moment": "stiefax.transforms",
+  "canonical_gradient": "stiefax._projections",
+  "grassmann_project": "stiefax._projections",
+  "step_norm_cap": "stiefax._projections",
+  "stiefel_project": "stiefax._projections",
+  "PROJECTORS": "stiefax._transforms",
+  "RETRACTIONS": "stiefax._transforms",
+  "ElementwiseMomentState": "stiefax._transforms",
+  "PolarRetractState": "stiefax._transforms",
+  "ScalarMomentState": "stiefax._transforms",
+  "elementwise_moment": "stiefax._transforms",
+  "polar_retract": "stiefax._transforms",
+  "retract": "stiefax._transforms",
+  "scalar_moment": "stiefax._transforms",
 }
 
 __all__ = [
@@ -122,9 +116,6 @@ __all__ = [
   "stiefel_adamw",
   "manifold_muon",
   "ManifoldMuonState",
-  "sphere_project",
-  "sphere_retract",
-  "hyperball_adam",
   "POLAR_METHODS",
   "PROJECTORS",
   "RETRACTIONS",

@@ -38,14 +38,15 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from stiefax import _checks
 from stiefax import _routing
 from stiefax import geometry
+from stiefax._frames import FrameSpec
+from stiefax._resolve import FramesLike
+from stiefax._resolve import checked_frames
 from stiefax._routing import expand
-from stiefax.frames import FramesLike
-from stiefax.frames import FrameSpec
-from stiefax.layouts import checked_frames
-from stiefax.transforms import PolarRetractState
-from stiefax.transforms import ScalarMomentState
+from stiefax._transforms import PolarRetractState
+from stiefax._transforms import ScalarMomentState
 
 _WRONG_STATE = (
   "riemannian_adam: the optimizer state holds {n} {kind} entries where the fused update"
@@ -178,12 +179,12 @@ def fused_scalar_adam(
   """
 
   def update_fn(updates, state, params=None):
-    _routing.require_params("riemannian_adam", params, updates)
+    _checks.require_params("riemannian_adam", params, updates)
     # Traced b1, b2, eps out of range skip the frame-step in the moment (counted there);
     # a traced tau out of range makes the step NaN, skipped by the retraction (as the
     # chain's step_norm_cap does).
-    moment_ok = _routing.hyperparams_ok(b1=b1, b2=b2, eps=eps)
-    cap_ok = _routing.hyperparams_ok(max_norm=max_norm)
+    moment_ok = _checks.hyperparams_ok(b1=b1, b2=b2, eps=eps)
+    cap_ok = _checks.hyperparams_ok(max_norm=max_norm)
     if not isinstance(state, tuple) or isinstance(state, (ScalarMomentState, PolarRetractState)):
       raise ValueError(_WRONG_STATE.format(n=0, kind="chain", types=(type(state).__name__,)))
     states = list(state)
@@ -221,7 +222,7 @@ def fused_scalar_adam(
       if max_norm is not None:
         norm = jnp.abs(coef) * jnp.sqrt(m_sq)
         limit = jnp.asarray(max_norm, coef.dtype) * math.sqrt(wf.shape[-1])
-        coef = coef * _routing.nan_unless(cap_ok, _routing.cap_factor(norm, limit))
+        coef = coef * _checks.nan_unless(cap_ok, _routing.cap_factor(norm, limit))
       delta, eta_finite = geometry.retraction_step(
         wf,
         expand(coef) * m,

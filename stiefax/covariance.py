@@ -30,11 +30,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from stiefax.frames import FramesLike
-from stiefax.labels import LabelsLike
+from stiefax._layouts import STIEFEL_LABEL
+from stiefax._resolve import FramesLike
+from stiefax._resolve import LabelsLike
+from stiefax._resolve import resolve_frames
 from stiefax.labels import label_mask
-from stiefax.layouts import STIEFEL_LABEL
-from stiefax.layouts import resolve_frames
 
 __all__ = [
   "Action",
@@ -235,7 +235,7 @@ def rescale(c: float, *, labels: LabelsLike = None, label: str = STIEFEL_LABEL) 
   ``grad l(w / c) / c``. For a scale-invariant parameter (``l(c w) = l(w)``: query/key
   under QK-norm) ``l' = l`` and the action is a symmetry. SGD, Adam and AdamW are not
   covariant under it (the second seed's example: SGD's update shrinks by ``c`` where
-  it should grow by ``c``); :func:`stiefax.hyperball_adam` with ``radius=None`` is.
+  it should grow by ``c``); :func:`stiefax.sphere.hyperball_adam` with ``radius=None`` is.
   Stiefel frames have no rescaled counterpart (``c W`` leaves ``St(d, r)``).
 
   Example:

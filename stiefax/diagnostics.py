@@ -30,13 +30,13 @@ import jax.numpy as jnp
 import optax
 
 from stiefax import geometry
-from stiefax.frames import FramesLike
-from stiefax.labels import LabelsLike
+from stiefax._layouts import STIEFEL_LABEL
+from stiefax._layouts import path_names
+from stiefax._resolve import FramesLike
+from stiefax._resolve import LabelsLike
+from stiefax._resolve import checked_frames
+from stiefax._resolve import resolve_frames
 from stiefax.labels import label_mask
-from stiefax.layouts import STIEFEL_LABEL
-from stiefax.layouts import checked_frames
-from stiefax.layouts import path_names
-from stiefax.layouts import resolve_frames
 
 __all__ = [
   "isometry_error",

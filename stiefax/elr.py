@@ -27,12 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stiefax._layouts import STIEFEL_LABEL
+from stiefax._resolve import FramesLike
+from stiefax._resolve import LabelsLike
+from stiefax._resolve import resolve_frames
 from stiefax._routing import per_leaf
-from stiefax.frames import FramesLike
-from stiefax.labels import LabelsLike
 from stiefax.labels import label_mask
-from stiefax.layouts import STIEFEL_LABEL
-from stiefax.layouts import resolve_frames
 from stiefax.sphere import frame_axes
 
 __all__ = [

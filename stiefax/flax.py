@@ -25,14 +25,14 @@ import jax
 import jax.numpy as jnp
 
 from stiefax import geometry
-from stiefax.frames import FramesLike
-from stiefax.frames import FrameSpec
-from stiefax.labels import LabelsLike
-from stiefax.labels import resolve_labels
-from stiefax.layouts import STIEFEL_LABEL
-from stiefax.layouts import checked_frames
-from stiefax.layouts import no_frames_message
-from stiefax.layouts import resolve_frames
+from stiefax._frames import FrameSpec
+from stiefax._layouts import STIEFEL_LABEL
+from stiefax._layouts import no_frames_message
+from stiefax._resolve import FramesLike
+from stiefax._resolve import LabelsLike
+from stiefax._resolve import checked_frames
+from stiefax._resolve import resolve_frames
+from stiefax._resolve import resolve_labels
 
 __all__ = [
   "orthonormal_init",

@@ -62,11 +62,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from stiefax import _checks
 from stiefax import _routing
+from stiefax import _transforms
 from stiefax import geometry
-from stiefax import transforms
-from stiefax.frames import FramesLike
-from stiefax.layouts import checked_frames
+from stiefax._resolve import FramesLike
+from stiefax._resolve import checked_frames
 
 __all__ = [
   "DUAL_ITERATIONS",
@@ -260,8 +261,8 @@ def manifold_muon(
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
-  _routing.check_name("retraction", retraction, transforms.RETRACTIONS)
-  _routing.check_hyperparams(
+  _checks.check_name("retraction", retraction, _transforms.RETRACTIONS)
+  _checks.check_hyperparams(
     "manifold_muon",
     learning_rate=learning_rate,
     beta=beta,
@@ -283,13 +284,15 @@ def manifold_muon(
       return jnp.zeros_like(w), multiplier, residual, gap, skipped
 
     # The retraction's init validates that the frames are on the manifold.
-    retract_state = transforms.retract(retraction, frames=frames, name="manifold_muon").init(params)
+    retract_state = _transforms.retract(retraction, frames=frames, name="manifold_muon").init(
+      params
+    )
     del retract_state
     mu, multiplier, residual, gap, skipped = _routing.per_leaf(leaf, 5, params)
     return ManifoldMuonState(jnp.zeros([], jnp.int32), mu, multiplier, residual, gap, skipped)
 
   def update_fn(updates, state, params=None):
-    _routing.require_params("manifold_muon", params, updates)
+    _checks.require_params("manifold_muon", params, updates)
     mstate = state
     count = optax.safe_increment(mstate.count)
     # -lr from optax's own transform. A schedule reads the count before the step,
@@ -301,7 +304,7 @@ def manifold_muon(
     neg_lr, _ = lr_tx.update(jnp.ones([]), lr_state)
     # A traced beta or rate out of range (a schedule turned NaN): a counted skip.
     lr = -neg_lr if callable(learning_rate) else learning_rate
-    ok = _routing.hyperparams_ok(beta=beta, learning_rate=lr)
+    ok = _checks.hyperparams_ok(beta=beta, learning_rate=lr)
 
     def leaf(path, g, w, mu, lam, res, gap, skipped):
       spec = checked_frames(frames, path, w)

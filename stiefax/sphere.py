@@ -32,16 +32,16 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from stiefax import _checks
 from stiefax import _routing
 from stiefax import geometry
-from stiefax.frames import FramesLike
-from stiefax.frames import FrameSpec
-from stiefax.layouts import resolve_frames
-from stiefax.projections import norm_cap
-from stiefax.transforms import ScalarMomentState
+from stiefax._frames import FrameSpec
+from stiefax._projections import norm_cap
+from stiefax._resolve import FramesLike
+from stiefax._resolve import resolve_frames
+from stiefax._transforms import ScalarMomentState
 
-# sphere_project, sphere_retract and hyperball_adam are exported by stiefax.
-__all__ = ["sphere_moment", "frame_axes"]
+__all__ = ["sphere_project", "sphere_retract", "sphere_moment", "hyperball_adam", "frame_axes"]
 
 
 def frame_axes(spec: FrameSpec, shape: Sequence[int]) -> tuple[int, ...]:
@@ -120,7 +120,7 @@ def sphere_project(*, frames: FramesLike = None) -> optax.GradientTransformation
   Example:
     >>> import jax.numpy as jnp, optax, stiefax
     >>> w = jnp.array([3.0, 4.0])
-    >>> out, _ = stiefax.sphere_project().update(jnp.array([1.0, 0.0]), optax.EmptyState(), w)
+    >>> out, _ = stiefax.sphere.sphere_project().update(jnp.array([1.0, 0.0]), optax.EmptyState(), w)
     >>> out.round(4)                      # (1, 0) - 3/25 (3, 4)
     Array([ 0.64, -0.48], dtype=float32)
 
@@ -138,7 +138,7 @@ def sphere_project(*, frames: FramesLike = None) -> optax.GradientTransformation
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None):
-    _routing.require_params("sphere_project", params, updates)
+    _checks.require_params("sphere_project", params, updates)
 
     def leaf(path, u, w):
       axes = _leaf_axes(frames, path, w)
@@ -167,7 +167,7 @@ def sphere_retract(
   Example:
     >>> import jax.numpy as jnp, optax, stiefax
     >>> w = jnp.array([3.0, 4.0])
-    >>> tx = stiefax.sphere_retract()
+    >>> tx = stiefax.sphere.sphere_retract()
     >>> u, _ = tx.update(jnp.array([1.0, -1.0]), tx.init(w), w)
     >>> w = optax.apply_updates(w, u)
     >>> float(jnp.linalg.norm(w)), w.round(4)          # 5 (4, 3) / 5
@@ -183,14 +183,14 @@ def sphere_retract(
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
 
-  _routing.check_hyperparams("sphere_retract", radius=radius)
+  _checks.check_hyperparams("sphere_retract", radius=radius)
 
   def init_fn(params):
     del params
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None):
-    _routing.require_params("sphere_retract", params, updates)
+    _checks.require_params("sphere_retract", params, updates)
 
     def leaf(path, u, w):
       axes = _leaf_axes(frames, path, w)
@@ -262,7 +262,7 @@ def sphere_moment(
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
 
-  _routing.check_hyperparams("sphere_moment", b1=b1, b2=b2, eps=eps)
+  _checks.check_hyperparams("sphere_moment", b1=b1, b2=b2, eps=eps)
 
   def init_fn(params):
     def leaf(path, w):
@@ -276,9 +276,9 @@ def sphere_moment(
     return ScalarMomentState(jnp.zeros([], jnp.int32), mu, nu, skipped)
 
   def update_fn(updates, state, params=None):
-    _routing.require_params("sphere_moment", params, updates)
+    _checks.require_params("sphere_moment", params, updates)
     count = optax.safe_increment(state.count)
-    ok = _routing.hyperparams_ok(b1=b1, b2=b2, eps=eps)
+    ok = _checks.hyperparams_ok(b1=b1, b2=b2, eps=eps)
 
     def leaf(path, u, w, mu, nu, skipped):
       axes = _leaf_axes(frames, path, w)
@@ -320,7 +320,7 @@ def _relative_step(frames: FramesLike) -> optax.GradientTransformation:
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None):
-    _routing.require_params("hyperball_adam", params, updates)
+    _checks.require_params("hyperball_adam", params, updates)
 
     def leaf(path, u, w):
       spec = resolve_frames(frames, path, w)
@@ -387,7 +387,7 @@ def hyperball_adam(
   Example:
     >>> import jax, jax.numpy as jnp, optax, stiefax
     >>> w = jax.random.normal(jax.random.key(0), (16, 2, 4))   # two heads
-    >>> tx = stiefax.hyperball_adam(1.0)
+    >>> tx = stiefax.sphere.hyperball_adam(1.0)
     >>> state = tx.init(w)
     >>> g = jax.random.normal(jax.random.key(1), w.shape)
     >>> updates, state = tx.update(g, state, w)
@@ -412,7 +412,7 @@ def hyperball_adam(
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
-  _routing.check_hyperparams(
+  _checks.check_hyperparams(
     "hyperball_adam",
     learning_rate=learning_rate,
     b1=b1,

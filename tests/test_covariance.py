@@ -52,8 +52,8 @@ OPTIMIZERS = {
   "radam-elementwise": lambda: stiefax.riemannian_adam(0.03, eps=0.0, moment="elementwise"),
   "adamw": lambda: optax.adamw(1e-2, eps=0.0, weight_decay=0.1),
   "sgd": lambda: optax.sgd(1e-2),
-  "hyperball": lambda: stiefax.hyperball_adam(1.0, eps=0.0),
-  "hyperball-absolute": lambda: stiefax.hyperball_adam(1.0, eps=0.0, relative=False),
+  "hyperball": lambda: stiefax.sphere.hyperball_adam(1.0, eps=0.0),
+  "hyperball-absolute": lambda: stiefax.sphere.hyperball_adam(1.0, eps=0.0, relative=False),
 }
 
 # (optimizer, action, covariant?): each covariant claim has a failing control.

@@ -105,10 +105,10 @@ FRAMES = {
   "manifold_muon": lambda t, **f: _step(
     stiefax.manifold_muon(0.05, iterations=2, ns_iterations=4, **f), t
   ),
-  "sphere_project": lambda t, **f: _step(stiefax.sphere_project(**f), t),
-  "sphere_retract": lambda t, **f: _step(stiefax.sphere_retract(**f), t),
+  "sphere_project": lambda t, **f: _step(stiefax.sphere.sphere_project(**f), t),
+  "sphere_retract": lambda t, **f: _step(stiefax.sphere.sphere_retract(**f), t),
   "sphere_moment": lambda t, **f: _step(stiefax.sphere.sphere_moment(**f), t),
-  "hyperball_adam": lambda t, **f: _step(stiefax.hyperball_adam(1.0, **f), t),
+  "hyperball_adam": lambda t, **f: _step(stiefax.sphere.hyperball_adam(1.0, **f), t),
   "project_params": lambda t, **f: project_params(_moved(t), **f),
   "orthogonality_penalty": lambda t, **f: orthogonality_penalty(_moved(t), **f),
   "isometry_error": lambda t, **f: diagnostics.isometry_error(_moved(t), **f),
@@ -248,7 +248,7 @@ def test_arguments_after_the_learning_rate_are_keyword_only():
     stiefax.riemannian_sgd,
     stiefax.stiefel_adamw,
     stiefax.manifold_muon,
-    stiefax.hyperball_adam,
+    stiefax.sphere.hyperball_adam,
   ):
     params = list(inspect.signature(alias).parameters.values())
     assert params[0].name == "learning_rate", alias.__name__

@@ -185,7 +185,7 @@ def test_sphinx_roles_become_cross_references():
   text = ext.markdown_docstring(
     "Use :func:`qk_frames` and :class:`stiefax.FrameSpec` (see :meth:`FrameSpec.rest`,"
     " :func:`~stiefax.geometry.polar`, :func:`jax.numpy.linalg.svd`)::\n\n    code::\n",
-    "stiefax.layouts",
+    "stiefax._layouts",  # the module that defines qk_frames,
   )
   assert text == (
     "Use [`qk_frames`][stiefax.layouts.qk_frames] and [`stiefax.FrameSpec`][stiefax.FrameSpec]"

@@ -66,8 +66,8 @@ def test_library_modules_form_no_import_cycle():
 
 
 def test_frames_and_layouts_are_leaf_modules():
-  assert not set(_imports("frames")), _imports("frames")
-  assert set(_imports("layouts")) == {"frames"}, _imports("layouts")
+  assert not set(_imports("_frames")), _imports("frames")
+  assert set(_imports("_layouts")) == {"_frames"}, _imports("_layouts")
 
 
 def test_imports_are_at_module_level():
@@ -96,7 +96,7 @@ def test_no_module_uses_another_modules_private_names(name):
         for a in node.names
         if a.name.startswith("_")
         and a.name != "__version__"
-        # The package's private modules (stiefax._routing) hold public helpers.
+        # The package's private modules (stiefax._routing, stiefax._checks) hold helpers.
         and not (node.module == "stiefax" and (PACKAGE / f"{a.name}.py").exists())
       ]
     if (

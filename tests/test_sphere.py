@@ -21,10 +21,10 @@ def frame_norms(w):
 )
 def test_sphere_update_without_params_is_a_clear_error(name):
   tx = {
-    "sphere_project": stiefax.sphere_project,
-    "sphere_retract": stiefax.sphere_retract,
+    "sphere_project": stiefax.sphere.sphere_project,
+    "sphere_retract": stiefax.sphere.sphere_retract,
     "sphere_moment": sphere.sphere_moment,
-    "hyperball_adam": lambda: stiefax.hyperball_adam(1.0),
+    "hyperball_adam": lambda: stiefax.sphere.hyperball_adam(1.0),
   }[name]()
   w = jnp.ones((4, 2, 3))
   first = "sphere_project" if name == "hyperball_adam" else name  # the chain's first step
@@ -37,7 +37,7 @@ def test_hyperball_keeps_each_frame_norm_over_many_steps(x64, rng):
   vec = jnp.asarray(rng.standard_normal((5,)))
   params = {"w": w0, "v": vec}
   loss = lambda p: jnp.sum(jnp.sin(p["w"])) + jnp.sum(jnp.cos(3 * p["v"]))
-  tx = stiefax.hyperball_adam(0.3, max_norm=None)
+  tx = stiefax.sphere.hyperball_adam(0.3, max_norm=None)
   state = tx.init(params)
   p = params
   step = jax.jit(lambda p, s: tx.update(jax.grad(loss)(p), s, p))
@@ -49,7 +49,7 @@ def test_hyperball_keeps_each_frame_norm_over_many_steps(x64, rng):
   assert float(jnp.max(jnp.abs(p["w"] - w0))) > 0.1  # it moved
   # Control: the same steps without the retraction leave the sphere.
   drift = optax.chain(
-    *[stiefax.sphere_project(), sphere.sphere_moment(), optax.scale_by_learning_rate(0.3)]
+    *[stiefax.sphere.sphere_project(), sphere.sphere_moment(), optax.scale_by_learning_rate(0.3)]
   )
   s, q = drift.init(params), params
   for _ in range(10):
@@ -61,8 +61,8 @@ def test_hyperball_keeps_each_frame_norm_over_many_steps(x64, rng):
 def test_sphere_retract_radius_none_vs_given(x64, rng):
   w = jnp.asarray(rng.standard_normal((D, H, R))) * jnp.array([1.0, 3.0])[None, :, None]
   g = 0.2 * jnp.asarray(rng.standard_normal(w.shape))
-  keep = stiefax.sphere_retract()
-  fixed = stiefax.sphere_retract(radius=2.5)
+  keep = stiefax.sphere.sphere_retract()
+  fixed = stiefax.sphere.sphere_retract(radius=2.5)
   w_keep = optax.apply_updates(w, keep.update(g, keep.init(w), w)[0])
   w_fixed = optax.apply_updates(w, fixed.update(g, fixed.init(w), w)[0])
   np.testing.assert_allclose(frame_norms(w_keep), frame_norms(w), rtol=1e-14)
@@ -102,7 +102,7 @@ def reference_hyperball_step(w, g, lr, b1, b2, eps, tau, radius):
 def test_hyperball_step_matches_float64_reference(x64, rng, radius):
   w = jnp.asarray(rng.standard_normal((D, H, R)))
   g = jnp.asarray(rng.standard_normal(w.shape))
-  tx = stiefax.hyperball_adam(1.0, eps=1e-3, max_norm=0.2, radius=radius)
+  tx = stiefax.sphere.hyperball_adam(1.0, eps=1e-3, max_norm=0.2, radius=radius)
   new = optax.apply_updates(w, tx.update(g, tx.init(w), w)[0])
   for h in range(H):
     expected = reference_hyperball_step(w[:, h, :], g[:, h, :], 1.0, 0.9, 0.999, 1e-3, 0.2, radius)
@@ -113,7 +113,7 @@ def test_hyperball_step_matches_float64_reference(x64, rng, radius):
 def test_sphere_project_is_tangent_and_kills_decay(x64, rng):
   w = jnp.asarray(rng.standard_normal((D, H, R)))
   g = jnp.asarray(rng.standard_normal(w.shape))
-  tx = stiefax.sphere_project()
+  tx = stiefax.sphere.sphere_project()
   out, _ = tx.update(g, tx.init(w), w)
   assert float(jnp.max(jnp.abs(jnp.sum(out * w, axis=(0, 2))))) < 1e-13
   assert float(jnp.max(jnp.abs(jnp.sum(g * w, axis=(0, 2))))) > 1e-2  # g itself is not

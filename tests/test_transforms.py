@@ -275,8 +275,8 @@ POSITIONAL_FRAMES = {
   "step_norm_cap": lambda f: stiefax.step_norm_cap(0.1, f),
   "polar_retract": lambda f: stiefax.polar_retract(f, "newton_schulz"),
   "retract": lambda f: stiefax.retract(f, "qr"),
-  "sphere_project": lambda f: stiefax.sphere_project(f),
-  "sphere_retract": lambda f: stiefax.sphere_retract(None, f),
+  "sphere_project": lambda f: stiefax.sphere.sphere_project(f),
+  "sphere_retract": lambda f: stiefax.sphere.sphere_retract(None, f),
   "sphere_moment": lambda f: stiefax.sphere.sphere_moment(0.9, 0.999, 1e-8, f),
 }
 KEYWORD_FRAMES = {
@@ -288,8 +288,8 @@ KEYWORD_FRAMES = {
   "step_norm_cap": lambda f: stiefax.step_norm_cap(0.1, frames=f),
   "polar_retract": lambda f: stiefax.polar_retract("newton_schulz", frames=f),
   "retract": lambda f: stiefax.retract("qr", frames=f),
-  "sphere_project": lambda f: stiefax.sphere_project(frames=f),
-  "sphere_retract": lambda f: stiefax.sphere_retract(None, frames=f),
+  "sphere_project": lambda f: stiefax.sphere.sphere_project(frames=f),
+  "sphere_retract": lambda f: stiefax.sphere.sphere_retract(None, frames=f),
   "sphere_moment": lambda f: stiefax.sphere.sphere_moment(0.9, 0.999, 1e-8, frames=f),
 }
 

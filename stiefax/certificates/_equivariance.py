@@ -11,10 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from stiefax import _projections
+from stiefax import _transforms
 from stiefax import diagnostics
 from stiefax import geometry
-from stiefax import projections
-from stiefax import transforms
+from stiefax._frames import FrameSpec
 from stiefax.certificates._core import Certificate
 from stiefax.certificates._core import certificate
 from stiefax.certificates._core import certify
@@ -34,7 +35,6 @@ from stiefax.certificates._problems import one_update
 from stiefax.certificates._problems import polar
 from stiefax.certificates._problems import project
 from stiefax.certificates._problems import seeded_rng
-from stiefax.frames import FrameSpec
 
 
 class _ColumnMomentState(NamedTuple):
@@ -76,11 +76,11 @@ def _column_moment(b1: float, b2: float, eps: float, axis: int) -> optax.Gradien
 @cached_tx
 def _column_adam(axis: int, lr: float):
   return optax.chain(
-    projections.stiefel_project(),
+    _projections.stiefel_project(),
     _column_moment(0.9, 0.999, 1e-8, axis),
     optax.scale_by_learning_rate(lr),
-    projections.step_norm_cap(TAU),
-    transforms.polar_retract(),
+    _projections.step_norm_cap(TAU),
+    _transforms.polar_retract(),
   )
 
 

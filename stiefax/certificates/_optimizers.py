@@ -10,11 +10,11 @@ import functools
 
 import optax
 
-from stiefax import projections
-from stiefax import transforms
-from stiefax.alias import riemannian_adam
-from stiefax.alias import riemannian_sgd
-from stiefax.alias import stiefel_adamw
+from stiefax import _projections
+from stiefax import _transforms
+from stiefax._alias import riemannian_adam
+from stiefax._alias import riemannian_sgd
+from stiefax._alias import stiefel_adamw
 from stiefax.certificates._problems import TAU
 
 # Transforms are built once, so their compiled trajectories are reused across calls.
@@ -28,12 +28,12 @@ def adam_tx(lr=1.0, eps=1e-8, max_norm=TAU, moment="scalar"):
 
 @cached_tx
 def retract_tx():
-  return transforms.polar_retract()
+  return _transforms.polar_retract()
 
 
 @cached_tx
 def cap_tx():
-  return projections.step_norm_cap(TAU)
+  return _projections.step_norm_cap(TAU)
 
 
 @cached_tx
@@ -53,4 +53,4 @@ def euclidean_adam_tx(lr=1e-2):
 
 @cached_tx
 def moment_tx(b1=0.9, b2=0.999, eps=0.0):
-  return transforms.scalar_moment(b1, b2, eps)
+  return _transforms.scalar_moment(b1, b2, eps)

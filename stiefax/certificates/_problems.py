@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from stiefax import _projections
 from stiefax import diagnostics
 from stiefax import geometry
-from stiefax import projections
 
 # The test problem: frames of Table 9 (d = 24, r = 6, three heads), the step cap of
 # the paper (tau = 0.1), a short sequence of tokens for the attention score function.
@@ -81,9 +81,9 @@ def one_update(tx: optax.GradientTransformation, g, w) -> np.ndarray:
 @functools.cache
 def _projector(kind: str) -> optax.GradientTransformation:
   return {
-    "stiefel": projections.stiefel_project,
-    "grassmann": projections.grassmann_project,
-    "canonical": projections.canonical_gradient,
+    "stiefel": _projections.stiefel_project,
+    "grassmann": _projections.grassmann_project,
+    "canonical": _projections.canonical_gradient,
   }[kind]()
 
 

@@ -17,7 +17,7 @@ import time
 from typing import Any
 from typing import Optional
 
-from stiefax import _routing
+from stiefax import _checks as _routing
 from stiefax.experiments import flags
 from stiefax.experiments import grok
 from stiefax.experiments import jobs

@@ -36,6 +36,7 @@ import numpy as np
 import optax
 
 import stiefax
+from stiefax import ScalarMomentState
 from stiefax.experiments import attention
 from stiefax.experiments import optim
 from stiefax.experiments.arms import Arm
@@ -49,7 +50,6 @@ from stiefax.experiments.lm.model import logit_bounds
 from stiefax.experiments.progress import progress_bar
 from stiefax.experiments.stopping import Stopped
 from stiefax.experiments.stopping import StopRequest
-from stiefax.transforms import ScalarMomentState
 
 __all__ = ["Programs", "programs", "init_params", "train", "BITS"]
 

@@ -14,7 +14,7 @@ import time
 from typing import Optional
 
 import stiefax
-from stiefax import _routing
+from stiefax import _checks as _routing
 from stiefax.experiments import flags
 from stiefax.experiments import jobs
 from stiefax.experiments import patches

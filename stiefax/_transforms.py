@@ -45,12 +45,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from stiefax import _checks
 from stiefax import _routing
 from stiefax import geometry
 from stiefax._matrix import POLAR_METHODS
+from stiefax._resolve import FramesLike
+from stiefax._resolve import checked_frames
 from stiefax._routing import expand
-from stiefax.frames import FramesLike
-from stiefax.layouts import checked_frames
 
 __all__ = [
   "PROJECTORS",
@@ -138,7 +139,7 @@ def _moment(
   elementwise: bool,
   mu_dtype: Any,
 ) -> optax.GradientTransformation:
-  _routing.check_hyperparams(name, b1=b1, b2=b2, eps=eps)
+  _checks.check_hyperparams(name, b1=b1, b2=b2, eps=eps)
   tangent = geometry.projection(geometry.projection(projector).transport).project
   state_cls = ElementwiseMomentState if elementwise else ScalarMomentState
 
@@ -156,7 +157,7 @@ def _moment(
     return state_cls(jnp.zeros([], jnp.int32), mu, nu, skipped)
 
   def update_fn(updates, state, params=None):
-    _routing.require_params(name, params, updates)
+    _checks.require_params(name, params, updates)
     count = optax.safe_increment(state.count)
 
     def leaf(path, u, w, mu, nu, skipped):
@@ -169,7 +170,7 @@ def _moment(
       # One reduction serves both the finiteness test and the scalar moment.
       sq_norm = geometry.frame_sq_norm(xi)
       finite = jnp.isfinite(sq_norm)
-      ok = _routing.hyperparams_ok(b1=b1, b2=b2, eps=eps)  # traced b1, b2, eps in range
+      ok = _checks.hyperparams_ok(b1=b1, b2=b2, eps=eps)  # traced b1, b2, eps in range
       if ok is not None:
         finite = finite & ok
       xi = jnp.where(expand(finite), xi, 0)
@@ -449,8 +450,8 @@ def _retract(
   init_tol: Any,
   name: str,
 ) -> optax.GradientTransformation:
-  _routing.check_name("retraction", retraction, RETRACTIONS)
-  _routing.check_hyperparams(name, step_bound=step_bound, init_tol=init_tol)
+  _checks.check_name("retraction", retraction, RETRACTIONS)
+  _checks.check_hyperparams(name, step_bound=step_bound, init_tol=init_tol)
   if method not in POLAR_METHODS:
     raise ValueError(f"Unknown polar method {method!r}; valid methods are {POLAR_METHODS}.")
   if (
@@ -494,7 +495,7 @@ def _retract(
     return PolarRetractState(jax.tree_util.tree_map_with_path(leaf, params))
 
   def update_fn(updates, state, params=None):
-    _routing.require_params(name, params, updates)
+    _checks.require_params(name, params, updates)
 
     def leaf(path, u, w, skipped):
       spec = checked_frames(frames, path, w)

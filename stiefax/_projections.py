@@ -4,8 +4,8 @@ Each is an ``optax.GradientTransformation`` that maps every frame's update by a
 projection: onto the tangent (or horizontal) space at the current point ``W``
 (:func:`stiefel_project`, :func:`grassmann_project`, :func:`canonical_gradient`, which
 read ``params``), or onto the Frobenius ball of radius ``tau sqrt(r)``
-(:func:`step_norm_cap`). They are re-exported by :mod:`stiefax.transforms` and
-:mod:`stiefax`; see :mod:`stiefax.transforms` for the chain they belong to.
+(:func:`step_norm_cap`). They are exported by :mod:`stiefax`; see
+:func:`stiefax.riemannian_adam` for the chain they belong to.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from stiefax import _checks
 from stiefax import _routing
 from stiefax import geometry
-from stiefax.frames import FramesLike
-from stiefax.layouts import checked_frames
+from stiefax._resolve import FramesLike
+from stiefax._resolve import checked_frames
 
 __all__ = [
   "stiefel_project",
@@ -39,7 +40,7 @@ def _projection(
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None):
-    _routing.require_params(name, params, updates)
+    _checks.require_params(name, params, updates)
 
     def leaf(path, u, w):
       spec = checked_frames(frames, path, w)
@@ -155,7 +156,7 @@ def step_norm_cap(
     An ``optax.GradientTransformation``.
   """
 
-  _routing.check_hyperparams("step_norm_cap", max_norm=max_norm)
+  _checks.check_hyperparams("step_norm_cap", max_norm=max_norm)
 
   def stiefel_frames(path, u):
     spec = checked_frames(frames, path, u)
@@ -176,7 +177,7 @@ def norm_cap(
   ``frames_of(path, u) -> (eta, sq_norm, r, restore)``: the leaf's frames in the
   compute dtype, their squared Frobenius norms (broadcasting against ``eta``), their
   column count and the map from capped frames back to a leaf like ``u``.
-  :func:`step_norm_cap` views Stiefel frames; :func:`stiefax.hyperball_adam` views
+  :func:`step_norm_cap` views Stiefel frames; :func:`stiefax.sphere.hyperball_adam` views
   sphere frames, which may be wide, vectors or scalars. ``max_norm`` is checked by
   the caller.
   """
@@ -187,12 +188,12 @@ def norm_cap(
 
   def update_fn(updates, state, params=None):
     del params
-    ok = _routing.hyperparams_ok(max_norm=max_norm)  # a traced tau out of range: a NaN step
+    ok = _checks.hyperparams_ok(max_norm=max_norm)  # a traced tau out of range: a NaN step
 
     def leaf(path, u):
       eta, sq_norm, r, restore = frames_of(path, u)
       limit = jnp.asarray(max_norm, eta.dtype) * math.sqrt(r)
-      factor = _routing.nan_unless(ok, _routing.cap_factor(jnp.sqrt(sq_norm), limit))
+      factor = _checks.nan_unless(ok, _routing.cap_factor(jnp.sqrt(sq_norm), limit))
       return restore(eta * factor)
 
     return jax.tree_util.tree_map_with_path(leaf, updates), state
@@ -210,7 +211,7 @@ def project(
 
   Example:
     >>> import jax, optax, stiefax
-    >>> from stiefax.projections import project
+    >>> from stiefax._projections import project
     >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 2, 3))
     >>> g = jax.random.normal(jax.random.key(1), w.shape)
     >>> xi, _ = project("canonical").update(g, optax.EmptyState(), w)

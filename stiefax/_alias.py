@@ -1,4 +1,4 @@
-"""Ready-made optimizers: chains of the transforms in :mod:`stiefax.transforms`."""
+"""Ready-made optimizers: chains of the frame transforms of :mod:`stiefax`."""
 
 from __future__ import annotations
 
@@ -12,24 +12,24 @@ import chex
 import jax
 import optax
 
-from stiefax import _routing
+from stiefax import _checks
+from stiefax import _transforms
 from stiefax import geometry
-from stiefax import transforms
+from stiefax._frames import FrameSpec
 from stiefax._fused import fused_scalar_adam
-from stiefax.frames import FramesLike
-from stiefax.frames import FrameSpec
-from stiefax.labels import LabelsLike
-from stiefax.labels import checked_labels
-from stiefax.layouts import EUCLIDEAN_LABEL
-from stiefax.layouts import STIEFEL_LABEL
-from stiefax.layouts import checked_frames
-from stiefax.layouts import decay_mask
-from stiefax.layouts import layout_of
-from stiefax.layouts import path_names
-from stiefax.layouts import qk_frames
-from stiefax.layouts import resolve_frames
-from stiefax.projections import project
-from stiefax.projections import step_norm_cap
+from stiefax._layouts import EUCLIDEAN_LABEL
+from stiefax._layouts import STIEFEL_LABEL
+from stiefax._layouts import decay_mask
+from stiefax._layouts import layout_of
+from stiefax._layouts import path_names
+from stiefax._layouts import qk_frames
+from stiefax._projections import project
+from stiefax._projections import step_norm_cap
+from stiefax._resolve import FramesLike
+from stiefax._resolve import LabelsLike
+from stiefax._resolve import checked_frames
+from stiefax._resolve import checked_labels
+from stiefax._resolve import resolve_frames
 
 __all__ = [
   "MOMENTS",
@@ -86,7 +86,7 @@ def riemannian_adam(
 
   With the scalar moment the transform is the chain
   ``projector -> scalar_moment -> scale_by_learning_rate -> step_norm_cap ->
-  polar_retract`` of :mod:`stiefax.transforms`, with the chain's state, computed in
+  polar_retract`` of :mod:`stiefax`, with the chain's state, computed in
   one pass per frame (``fused=True``): the projection of the gradient and the
   transport of the first moment are linear in their argument, so both come from one
   product ``W^T [g | m_{t-1}]`` and one ``W [N_g | N_m]``
@@ -144,12 +144,12 @@ def riemannian_adam(
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
-  _routing.check_name("moment", moment, MOMENTS)
+  _checks.check_name("moment", moment, MOMENTS)
   if group_frames is not None and not isinstance(group_frames, bool):
     raise ValueError(
       f"stiefax.riemannian_adam: group_frames must be None, True or False, got {group_frames!r}."
     )
-  _routing.check_hyperparams(
+  _checks.check_hyperparams(
     "riemannian_adam",
     learning_rate=learning_rate,
     b1=b1,
@@ -158,7 +158,7 @@ def riemannian_adam(
     max_norm=max_norm,
     init_tol=init_tol,
   )
-  moment_fn = transforms.scalar_moment if moment == "scalar" else transforms.elementwise_moment
+  moment_fn = _transforms.scalar_moment if moment == "scalar" else _transforms.elementwise_moment
   transport = geometry.projection(projector).transport
   lr_tx = optax.scale_by_learning_rate(learning_rate)
   parts = [
@@ -200,8 +200,8 @@ def _retraction(
   init_tol: Optional[float] = None,
 ) -> optax.GradientTransformation:
   if retraction == "polar":
-    return transforms.polar_retract(method, frames=frames, step_bound=bound, init_tol=init_tol)
-  return transforms.retract(retraction, method, frames=frames, step_bound=bound, init_tol=init_tol)
+    return _transforms.polar_retract(method, frames=frames, step_bound=bound, init_tol=init_tol)
+  return _transforms.retract(retraction, method, frames=frames, step_bound=bound, init_tol=init_tol)
 
 
 def riemannian_sgd(
@@ -240,7 +240,7 @@ def riemannian_sgd(
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
-  _routing.check_hyperparams("riemannian_sgd", learning_rate=learning_rate, init_tol=init_tol)
+  _checks.check_hyperparams("riemannian_sgd", learning_rate=learning_rate, init_tol=init_tol)
   return optax.chain(
     project(projector, frames=frames),
     optax.scale_by_learning_rate(learning_rate),
@@ -296,7 +296,7 @@ def _frames_and_rest(
     return FramesAndRestState(state, rest_tx.init(rest_tree(params, found)))
 
   def update_fn(updates, state, params=None):
-    _routing.require_params("stiefel_adamw", params)
+    _checks.require_params("stiefel_adamw", params)
     found = specs(params)
     if all(s is None for s in found):
       return stiefel.update(updates, state, params)
@@ -353,6 +353,45 @@ def _keeps_own_frames(
     return stiefel.init(params)
 
   return optax.GradientTransformation(init_fn, stiefel.update)
+
+
+def _at(rate: Any, count: Any) -> Any:
+  return rate(count) if callable(rate) else rate
+
+
+def _rate_for(learning_rate: Any, scale: Any, peak: Any) -> Any:
+  """``scale(t) * learning_rate(t) / peak`` as a float, an array or a schedule."""
+  if callable(learning_rate) or callable(scale):
+    return lambda count: _at(scale, count) * _at(learning_rate, count) / peak
+  return scale * learning_rate / peak
+
+
+def _frame_rate(
+  learning_rate: Any,
+  stiefel_learning_rate: Optional[Any],
+  peak_learning_rate: Optional[Any],
+  who: str = "stiefel_adamw",
+) -> Any:
+  """The frames' Riemannian rate of :func:`stiefel_adamw`, by the rule of its docstring."""
+  scale = 1.0 if stiefel_learning_rate is None else stiefel_learning_rate
+  if peak_learning_rate is None:
+    if isinstance(learning_rate, (int, float)):
+      # A constant rate: the frames run at their own rate (zero when it is zero).
+      return scale if learning_rate != 0 else 0.0
+    kind = "a schedule" if callable(learning_rate) else "an array"
+    raise ValueError(
+      f"stiefax.{who}: learning_rate is {kind}, so the frames' rate"
+      " stiefel_learning_rate * learning_rate(t) / peak_learning_rate needs"
+      " peak_learning_rate (the largest value of learning_rate, e.g. the peak_value of"
+      " a warm-up schedule; optax.inject_hyperparams passes every rate as an array, so"
+      " give it there too: inject_hyperparams(stiefel_adamw)(learning_rate=1e-3,"
+      " peak_learning_rate=1e-3))."
+    )
+  if isinstance(peak_learning_rate, (int, float)) and not peak_learning_rate > 0:
+    raise ValueError(
+      f"stiefax.{who}: peak_learning_rate must be positive, got {peak_learning_rate!r}."
+    )
+  return _rate_for(learning_rate, scale, peak_learning_rate)
 
 
 def stiefel_adamw(
@@ -461,7 +500,7 @@ def stiefel_adamw(
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
-  _routing.check_hyperparams(
+  _checks.check_hyperparams(
     "stiefel_adamw",
     learning_rate=learning_rate,
     weight_decay=weight_decay,
@@ -484,7 +523,7 @@ def stiefel_adamw(
     if frames is not None:
       stiefel = _keeps_own_frames(stiefel, frames)
   else:
-    rate = _routing.frame_rate(learning_rate, stiefel_learning_rate, peak_learning_rate)
+    rate = _frame_rate(learning_rate, stiefel_learning_rate, peak_learning_rate)
     if stiefel is None:
       stiefel = riemannian_adam(rate, frames=target)
     elif callable(stiefel):
@@ -526,7 +565,7 @@ def stiefel_adamw(
 
   def update_fn(updates, state, params=None, **extra_args):
     if params is not None:
-      _routing.check_shapes("stiefel_adamw", updates, params)
+      _checks.check_shapes("stiefel_adamw", updates, params)
     return inner.update(updates, state, params, **extra_args)
 
   return optax.GradientTransformationExtraArgs(inner.init, update_fn)

@@ -18,17 +18,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from typing import Any
-from typing import Callable
 from typing import Optional
 from typing import Sequence
-from typing import Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-# FramesLike, the type of every ``frames=`` argument, is documented with
-# stiefax.layouts.resolve_frames, which gives it its meaning.
 __all__ = ["FrameSpec"]
 
 
@@ -415,9 +411,3 @@ def _inverse_permutation(perm: Sequence[int]) -> tuple[int, ...]:
   for i, p in enumerate(perm):
     inv[p] = i
   return tuple(inv)
-
-
-#: What ``frames=`` takes: a FrameSpec, a callable ``(key_path, array) -> FrameSpec``
-#: choosing one per leaf, or ``None``, which means :func:`stiefax.layouts.qk_frames`
-#: everywhere (see :func:`stiefax.layouts.resolve_frames`).
-FramesLike = Optional[Union[FrameSpec, Callable[[Any, jax.Array], FrameSpec]]]
