@@ -28,6 +28,7 @@ import pytest
 
 import stiefax
 from stiefax.experiments import cli
+from stiefax.experiments import flags
 from stiefax.experiments import grok
 from stiefax.experiments import store
 from stiefax.experiments.checkpoints import Checkpoints
@@ -227,7 +228,7 @@ def test_row4_a_crafted_cifar_batch_is_refused_and_never_run(tmp_path, capsys):
   marker = tmp_path / "pwned"
   evil = pickle.dumps({b"data": _Payload(marker), b"labels": [0]})
   (copy["folder"] / "data_batch_1").write_bytes(evil)
-  with pytest.raises(cli.CommandError, match=r"data_batch_1.*refused to load io\.open"):
+  with pytest.raises(flags.CommandError, match=r"data_batch_1.*refused to load io\.open"):
     patch_data.load_images(str(copy["folder"]))
   assert not marker.exists()
   out = tmp_path / "out"

@@ -9,7 +9,7 @@ import tarfile
 import numpy as np
 import pytest
 
-from stiefax.experiments import cli
+from stiefax.experiments import flags
 from stiefax.experiments.patches import data as patch_data
 
 
@@ -32,7 +32,7 @@ def test_extract_patches_raster_order():
   np.testing.assert_array_equal(p[0, 0], [0, 1, 4, 5])
   np.testing.assert_array_equal(p[0, 1], [2, 3, 6, 7])  # second patch of the first row
   np.testing.assert_array_equal(p[1, 3], [26, 27, 30, 31])
-  with pytest.raises(cli.CommandError, match="--patch 3"):
+  with pytest.raises(flags.CommandError, match="--patch 3"):
     patch_data.extract_patches(img, 3)
 
 
@@ -190,7 +190,7 @@ def test_missing_and_malformed_data_are_one_line_errors(tmp_path, cifar):
     src = cifar["folder"] / f"data_batch_{i}"
     (tmp_path / "notest" / src.name).write_bytes(src.read_bytes())
   for name, (path, message) in cases.items():
-    with pytest.raises(cli.CommandError, match=re.escape(message)) as err:
+    with pytest.raises(flags.CommandError, match=re.escape(message)) as err:
       patch_data.load_images(str(path))
     assert "\n" not in str(err.value), name
     assert str(path) in str(err.value), name

@@ -18,8 +18,8 @@ import time
 
 from stiefax import certificates
 from stiefax.experiments import store
-from stiefax.experiments.cli import CommandError
-from stiefax.experiments.cli import check_seeds
+from stiefax.experiments.flags import CommandError
+from stiefax.experiments.flags import check_seeds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from stiefax.experiments import store
-from stiefax.experiments.cli import CommandError
+from stiefax.experiments.flags import CommandError
 
 __all__ = ["Checkpoints", "DamagedCheckpoint", "set_aside"]
 

@@ -17,14 +17,14 @@ import argparse
 import importlib
 import importlib.util
 import os
-import pathlib
 import signal
 import sys
-import tempfile
 import threading
 from typing import Sequence
 
 from stiefax import __version__
+from stiefax.experiments.flags import CommandError
+from stiefax.experiments.flags import os_error
 
 # name -> (module, one-line help). Order is the order of `stiefax --help`.
 COMMANDS = {
@@ -50,49 +50,6 @@ EXPERIMENTS_EXTRA = {
 
 #: What the one-line error of a command run without the ``experiments`` extra advises.
 INSTALL_EXTRA = 'pip install "stiefax[experiments]"'
-
-
-class CommandError(Exception):
-  """A user error: printed as one line, exit status 2."""
-
-
-#: Seeds are 32-bit: ``jax.random.key`` and NumPy take seeds in [0, SEED_LIMIT).
-SEED_LIMIT = 2**32
-
-
-def check_seeds(seeds: Sequence[int], flag: str) -> list[int]:
-  """``seeds`` as a list, or a ``CommandError`` naming ``flag`` if one is outside [0, 2**32)."""
-  bad = [s for s in seeds if not 0 <= s < SEED_LIMIT]
-  if bad:
-    raise CommandError(f"{flag} {bad[0]}: seeds must be non-negative integers below 2**32.")
-  return list(seeds)
-
-
-def writable_dir(path, what: str) -> pathlib.Path:
-  """Creates ``path`` if needed and checks that a file can be written there.
-
-  Raises:
-    CommandError: ``"<what> <path>: cannot write there (<reason>)."``; also for an
-      empty path (which would mean the current folder) and for a file.
-  """
-  if not str(path).strip():
-    raise CommandError(f"{what} is empty; name a folder (e.g. {what} runs).")
-  out = pathlib.Path(path)
-  if out.exists() and not out.is_dir():
-    raise CommandError(f"{what} {path}: is a file, not a folder.")
-  try:
-    out.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
-      pass
-  except OSError as e:
-    raise CommandError(f"{what} {path}: cannot write there ({e.strerror or e}).") from None
-  return out
-
-
-def os_error(e: OSError) -> str:
-  """An ``OSError`` as one line: ``"<file>: <reason>"``."""
-  where = f"{e.filename}: " if e.filename else ""
-  return f"{where}{e.strerror or ' '.join(str(e).split())}"
 
 
 def _available() -> dict:

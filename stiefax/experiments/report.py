@@ -36,8 +36,8 @@ from typing import Sequence
 
 from stiefax.experiments import stats
 from stiefax.experiments import store
-from stiefax.experiments.cli import CommandError
-from stiefax.experiments.cli import writable_dir
+from stiefax.experiments.flags import CommandError
+from stiefax.experiments.flags import writable_dir
 
 try:  # optional: without matplotlib the reports print their tables and write no plots
   import matplotlib

@@ -17,7 +17,6 @@ import time
 from typing import Any
 from typing import Optional
 
-from stiefax import _routing
 from stiefax.experiments import flags
 from stiefax.experiments import grok
 from stiefax.experiments import jobs
@@ -25,9 +24,9 @@ from stiefax.experiments import store
 from stiefax.experiments.checkpoints import Checkpoints
 from stiefax.experiments.checkpoints import DamagedCheckpoint
 from stiefax.experiments.checkpoints import set_aside
-from stiefax.experiments.cli import CommandError
-from stiefax.experiments.cli import os_error
-from stiefax.experiments.cli import writable_dir
+from stiefax.experiments.flags import CommandError
+from stiefax.experiments.flags import os_error
+from stiefax.experiments.flags import writable_dir
 from stiefax.experiments.grok.config import ARMS
 from stiefax.experiments.grok.config import PRESETS
 from stiefax.experiments.grok.config import STABILIZED
@@ -131,7 +130,7 @@ def _check_optimizer(config: GrokConfig) -> None:
     ("eps", "riemannian_eps"),
     ("max_norm", "tau"),
   ):
-    problem = _routing.hyperparam_problem(arg, getattr(config, field))
+    problem = flags.optimizer_problem(arg, getattr(config, field))
     if problem is not None:
       raise CommandError(f"the setting {field} {problem}.")
 

@@ -33,7 +33,7 @@ from stiefax.experiments import attention as attention_lib
 from stiefax.experiments import optim
 from stiefax.experiments.arms import Arm
 from stiefax.experiments.checkpoints import Checkpoints
-from stiefax.experiments.cli import CommandError
+from stiefax.experiments.flags import CommandError
 from stiefax.experiments.grok.config import ARMS
 from stiefax.experiments.grok.config import GrokConfig
 from stiefax.experiments.grok.config import arm_definition

@@ -27,8 +27,8 @@ from stiefax.experiments import store
 from stiefax.experiments.checkpoints import Checkpoints
 from stiefax.experiments.checkpoints import DamagedCheckpoint
 from stiefax.experiments.checkpoints import set_aside
-from stiefax.experiments.cli import CommandError
-from stiefax.experiments.cli import writable_dir
+from stiefax.experiments.flags import CommandError
+from stiefax.experiments.flags import writable_dir
 from stiefax.experiments.lm import data as data_lib
 from stiefax.experiments.lm import fair
 from stiefax.experiments.lm import runs as runs_lib

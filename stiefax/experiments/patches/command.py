@@ -14,14 +14,13 @@ import time
 from typing import Optional
 
 import stiefax
-from stiefax import _routing
 from stiefax.experiments import flags
 from stiefax.experiments import jobs
 from stiefax.experiments import patches
 from stiefax.experiments.arms import Arm
-from stiefax.experiments.cli import CommandError
-from stiefax.experiments.cli import check_seeds
-from stiefax.experiments.cli import writable_dir
+from stiefax.experiments.flags import CommandError
+from stiefax.experiments.flags import check_seeds
+from stiefax.experiments.flags import writable_dir
 from stiefax.experiments.patches import data as data_lib
 from stiefax.experiments.patches import protocols
 from stiefax.experiments.patches import tables
@@ -192,7 +191,7 @@ def validate(args: argparse.Namespace) -> None:
     ("--adamw-lr", "learning_rate", args.adamw_lr),
     ("--weight-decay", "weight_decay", args.weight_decay),
   ):
-    problem = _routing.hyperparam_problem(arg, value)
+    problem = flags.optimizer_problem(arg, value)
     if problem is not None:
       raise CommandError(f"{flag} {problem}")
   if args.polar not in stiefax.POLAR_METHODS:

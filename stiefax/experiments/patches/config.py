@@ -11,7 +11,7 @@ import optax
 from stiefax.experiments import arms
 from stiefax.experiments import optim
 from stiefax.experiments.arms import Arm
-from stiefax.experiments.cli import CommandError
+from stiefax.experiments.flags import CommandError
 
 EXPERIMENT = "patches"
 PROTOCOLS = ("run", "sweep-n", "sweep-eps")

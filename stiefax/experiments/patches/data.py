@@ -19,7 +19,7 @@ from typing import Optional
 
 import numpy as np
 
-from stiefax.experiments.cli import CommandError
+from stiefax.experiments.flags import CommandError
 from stiefax.experiments.patches.images import CACHE_VERSION
 from stiefax.experiments.patches.images import CIFAR_FILES
 from stiefax.experiments.patches.images import Images

@@ -52,7 +52,7 @@ from sklearn.datasets import load_digits
 from tqdm import tqdm
 
 from stiefax.experiments import store
-from stiefax.experiments.cli import CommandError
+from stiefax.experiments.flags import CommandError
 
 __all__ = [
   "Images",

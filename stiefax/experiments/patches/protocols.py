@@ -28,8 +28,8 @@ import numpy as np
 from stiefax.experiments import flags
 from stiefax.experiments import store
 from stiefax.experiments.arms import Arm
-from stiefax.experiments.cli import CommandError
-from stiefax.experiments.cli import os_error
+from stiefax.experiments.flags import CommandError
+from stiefax.experiments.flags import os_error
 from stiefax.experiments.patches import data as data_lib
 from stiefax.experiments.patches import runs
 from stiefax.experiments.patches.config import ADAM_ARMS
