@@ -14,7 +14,7 @@ import pytest
 
 import stiefax
 from stiefax.experiments import cli
-from stiefax.experiments import grok
+from stiefax.experiments.grok import config as grok_config
 from tests import harness
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -158,7 +158,7 @@ def test_experiment_modules_import_at_module_level():
 @pytest.fixture
 def tiny_preset(monkeypatch):
   monkeypatch.setitem(
-    grok.PRESETS, "tiny", dict(config=harness.TINY_GROK, arms=("A2", "B2"), seeds=(0,))
+    grok_config.PRESETS, "tiny", dict(config=harness.TINY_GROK, arms=("A2", "B2"), seeds=(0,))
   )
   return "tiny"
 

@@ -1,6 +1,7 @@
 """The ``stiefax`` command: ``stiefax <command> [options]``.
 
-Each command lives in its own module of :mod:`stiefax.experiments`, which defines
+Each command lives in its own module of :mod:`stiefax.experiments` (an experiment's,
+``<experiment>.command``: :mod:`stiefax.experiments.protocol`), which defines
 ``add_arguments(parser)`` and ``run(args) -> int``; it is imported only when used, by
 its name in :data:`COMMANDS`, so ``stiefax --help`` imports no command (and neither
 jax, flax nor optax). A :class:`CommandError` raised by a command prints one
@@ -28,9 +29,9 @@ from stiefax.experiments.flags import os_error
 
 # name -> (module, one-line help). Order is the order of `stiefax --help`.
 COMMANDS = {
-  "grok": ("stiefax.experiments.grok", "modular-arithmetic grokking (paper 4.3, 4.4)"),
-  "patches": ("stiefax.experiments.patches", "image-patch benchmark (paper 3.3, 4.1-4.7)"),
-  "lm": ("stiefax.experiments.lm", "decoder LM on real text: learning-rate sensitivity"),
+  "grok": ("stiefax.experiments.grok.command", "modular-arithmetic grokking (paper 4.3, 4.4)"),
+  "patches": ("stiefax.experiments.patches.command", "image-patch benchmark (paper 3.3, 4.1-4.7)"),
+  "lm": ("stiefax.experiments.lm.command", "decoder LM on real text: learning-rate sensitivity"),
   "report": ("stiefax.experiments.report", "tables and plots from a results directory"),
   "certify": ("stiefax.experiments.certify", "float64 certificates of the propositions"),
   "equivariance": ("stiefax.experiments.equivariance", "O(d)-equivariance table (paper Table 9)"),

@@ -80,44 +80,6 @@ ARMS = arms.select(
 # Frame rates of the optimizer-family arms (grok has no rate selection).
 MMUON_LR, MUON_LR = ARMS["B2-mmuon"].rate, ARMS["A2-muon"].rate
 
-# How a run records its arm, ``(description, rule)``: part of every run's identity and
-# file name (:func:`arm_definition`), so fixed.
-_RECORDED = {
-  "A2": ("AdamW everywhere (decay on W_Q, W_K too)", "adamw"),
-  "B2": ("Riemannian Adam on W_Q, W_K", "riemannian"),
-  "B2m": ("tangent projection + elementwise Adam, no cap", "elementwise"),
-  "B2m-can": ("B2m with the canonical gradient", "elementwise-canonical"),
-  "B2-frz": ("W_Q, W_K frozen at orthonormal init", "frozen"),
-  "A2-nwf": ("A2 without decay on W_Q, W_K", "adam"),
-  "B2-hi": ("B2 with circuit decay 2.0", "riemannian"),
-  "B2-sn": ("B2 with circuit init 0.1x", "riemannian"),
-  "B2-comb": ("B2-hi + B2-sn", "riemannian"),
-  "B2-mmuon": ("manifold Muon on W_Q, W_K (rate 0.05)", "mmuon"),
-  "A2-muon": ("optax.contrib.muon on W_Q, W_K (rate 0.02), unconstrained", "muon"),
-  "B2-qr": ("B2 with the QR retraction", "riemannian-qr"),
-  "B2-cayley": ("B2 with the Cayley retraction", "riemannian-cayley"),
-  "A2-qknorm": ("A2 with QK-norm (LayerNorm on each head's q and k)", "adamw"),
-  "A2-sigma": ("A2 with sigmaReparam W_Q, W_K (gamma W / sigma(W))", "adamw"),
-  "B2-qknorm": ("B2 with QK-norm (LayerNorm on each head's q and k)", "riemannian"),
-}
-
-
-def arm_definition(arm: Arm) -> dict:
-  """How runs record ``arm``: ``{"description", "rule", "orthonormal", "weight_decay",
-  "circuit_init_scale"}`` (the ``"arm"`` of a run's ``"config"``), and ``"attention"``
-  for an arm whose attention is not plain (:mod:`stiefax.experiments.attention`)."""
-  description, rule = _RECORDED[arm.name]
-  definition = {
-    "description": description,
-    "rule": rule,
-    "orthonormal": arm.orthonormal,
-    "weight_decay": arm.weight_decay,
-    "circuit_init_scale": arm.circuit_init_scale,
-  }
-  if arm.attention != "plain":  # absent for the plain arms: their identities predate it
-    definition["attention"] = arm.attention
-  return definition
-
 
 # ----------------------------------------------------------------------------
 # Metrics on an evaluation history (epochs ascending).

@@ -5,15 +5,12 @@ from __future__ import annotations
 import functools
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
-import stiefax
 from stiefax.experiments import attention as attention_lib
-from stiefax.experiments.arms import Arm
 from stiefax.experiments.grok.config import GrokConfig
 
-__all__ = ["make_model", "init_params"]
+__all__ = ["make_model"]
 
 
 def make_model(config: GrokConfig, attention: str = "plain"):
@@ -65,28 +62,3 @@ def _make_model(config: GrokConfig, attention: str):
       return nn.Dense(config.modulus, name="readout_out")(x)
 
   return GrokTransformer()
-
-
-@functools.cache
-def _jitted_init(config: GrokConfig, attention: str = "plain"):
-  return jax.jit(make_model(config, attention).init)
-
-
-def init_params(config: GrokConfig, arm: Arm, seed: int):
-  """The arm's starting point: the seed's default init, frames snapped if Stiefel.
-
-  The variables of the model (``{"params": ...}``, with the ``sigma_reparam`` state
-  collection for a σReparam arm).
-  """
-  params = _jitted_init(config, arm.attention)(jax.random.key(seed), jnp.zeros((1, 3), jnp.int32))
-  labels = stiefax.layouts.qk_labels(params)
-  if arm.circuit_init_scale != 1.0:
-    s = arm.circuit_init_scale
-    params = jax.tree.map(
-      lambda lab, w: w * jnp.asarray(s, w.dtype) if lab != "stiefel" and w.ndim >= 2 else w,
-      labels,
-      params,
-    )
-  if arm.orthonormal:
-    params = stiefax.flax.project_params(params, labels)
-  return params

@@ -19,49 +19,10 @@ import numpy as np
 
 from stiefax.experiments import report as report_lib
 from stiefax.experiments import stats
-from stiefax.experiments import store
 from stiefax.experiments.grok.collapses import find_collapses
 from stiefax.experiments.grok.config import ARMS
-from stiefax.experiments.grok.runs import record_identity
 
-__all__ = ["check_run", "run_key", "report"]
-
-
-_METRICS = (
-  "memorized_epoch",
-  "grokked_epoch",
-  "sustained_epoch",
-  "end_train_acc",
-  "end_test_acc",
-  "tail_test_acc",
-  "final_isometry",
-)
-_HISTORY = ("epoch", "train_acc", "test_acc", "isometry")
-
-
-def check_run(run: dict) -> Optional[str]:
-  """What a grokking run lacks for the report (``None`` if nothing); see ``stiefax report``."""
-  for key in _METRICS:
-    if key not in run["metrics"]:
-      return f"lacks the metric {key!r}"
-  history = run.get("history")
-  if not isinstance(history, dict):
-    return "lacks the field 'history'"
-  for key in _HISTORY:
-    if not isinstance(history.get(key), list) or not history[key]:
-      return f"lacks the history {key!r}"
-  if len({len(history[k]) for k in _HISTORY}) != 1:
-    return "its histories differ in length"
-  try:
-    record_identity(run)
-  except KeyError as e:
-    return f"lacks the config field {e}"
-  return None
-
-
-def run_key(run: dict) -> tuple:
-  """Two files hold the same run when they share :func:`record_identity` and seed."""
-  return (store.digest(record_identity(run)), run["seed"])
+__all__ = ["report"]
 
 
 def _median(xs) -> str:

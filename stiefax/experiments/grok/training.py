@@ -36,18 +36,18 @@ from stiefax.experiments.checkpoints import Checkpoints
 from stiefax.experiments.flags import CommandError
 from stiefax.experiments.grok.config import ARMS
 from stiefax.experiments.grok.config import GrokConfig
-from stiefax.experiments.grok.config import arm_definition
 from stiefax.experiments.grok.config import hyper
 from stiefax.experiments.grok.config import run_metrics
 from stiefax.experiments.grok.data import make_data
-from stiefax.experiments.grok.model import init_params
 from stiefax.experiments.grok.model import make_model
+from stiefax.experiments.grok.runs import arm_definition
 from stiefax.experiments.progress import progress_bar
 from stiefax.experiments.stopping import Stopped
 from stiefax.experiments.stopping import StopRequest
 
 __all__ = [
   "programs",
+  "init_params",
   "probe_program",
   "stack",
   "unstack",
@@ -360,3 +360,28 @@ def train_seeds(
       }
     )
   return records
+
+
+@functools.cache
+def _jitted_init(config: GrokConfig, attention: str = "plain"):
+  return jax.jit(make_model(config, attention).init)
+
+
+def init_params(config: GrokConfig, arm: Arm, seed: int):
+  """The arm's starting point: the seed's default init, frames snapped if Stiefel.
+
+  The variables of the model (``{"params": ...}``, with the ``sigma_reparam`` state
+  collection for a σReparam arm).
+  """
+  params = _jitted_init(config, arm.attention)(jax.random.key(seed), jnp.zeros((1, 3), jnp.int32))
+  labels = stiefax.layouts.qk_labels(params)
+  if arm.circuit_init_scale != 1.0:
+    s = arm.circuit_init_scale
+    params = jax.tree.map(
+      lambda lab, w: w * jnp.asarray(s, w.dtype) if lab != "stiefel" and w.ndim >= 2 else w,
+      labels,
+      params,
+    )
+  if arm.orthonormal:
+    params = stiefax.flax.project_params(params, labels)
+  return params

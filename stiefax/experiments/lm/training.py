@@ -49,7 +49,6 @@ from stiefax.experiments.lm.model import logit_bounds
 from stiefax.experiments.progress import progress_bar
 from stiefax.experiments.stopping import Stopped
 from stiefax.experiments.stopping import StopRequest
-from stiefax.transforms import ScalarMomentState
 
 __all__ = ["Programs", "programs", "init_params", "train", "BITS"]
 
@@ -157,7 +156,7 @@ def _cap_ratio_fn(arm: Arm, config: LMConfig) -> Optional[Callable[[Any], jax.Ar
   lr = schedule(config, peak)
   b1, b2, eps = opts.get("b1", config.b1), opts.get("b2", config.b2), opts.get("eps", config.eps)
   frames = stiefax.layouts.qk_frames()
-  is_moment = lambda x: isinstance(x, ScalarMomentState)
+  is_moment = lambda x: isinstance(x, stiefax.ScalarMomentState)
 
   def ratios(opt_state):
     moments = [s for s in jax.tree.leaves(opt_state, is_leaf=is_moment) if is_moment(s)]

@@ -21,30 +21,20 @@ import numpy as np
 
 from stiefax.experiments.flags import CommandError
 from stiefax.experiments.patches.images import CACHE_VERSION
-from stiefax.experiments.patches.images import CIFAR_FILES
 from stiefax.experiments.patches.images import Images
 from stiefax.experiments.patches.images import cache_digest
-from stiefax.experiments.patches.images import default_cache_dir
-from stiefax.experiments.patches.images import interleaved_order
-from stiefax.experiments.patches.images import load_images
 from stiefax.experiments.patches.images import load_npz
 from stiefax.experiments.patches.images import save_npz
 
 __all__ = [
-  "Images",
   "Whitening",
   "PatchData",
   "CONTRAST_EPS",
-  "CACHE_VERSION",
-  "CIFAR_FILES",
-  "load_images",
-  "interleaved_order",
   "extract_patches",
   "contrast_normalize",
   "fit_whitening",
   "apply_whitening",
   "prepare",
-  "default_cache_dir",
 ]
 
 #: Variance floor of the contrast normalization, in units of the pixel range [0, 1]:

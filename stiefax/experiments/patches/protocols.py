@@ -31,6 +31,7 @@ from stiefax.experiments.arms import Arm
 from stiefax.experiments.flags import CommandError
 from stiefax.experiments.flags import os_error
 from stiefax.experiments.patches import data as data_lib
+from stiefax.experiments.patches import images as images_lib
 from stiefax.experiments.patches import runs
 from stiefax.experiments.patches.config import ADAM_ARMS
 from stiefax.experiments.patches.config import EXPERIMENT
@@ -48,7 +49,7 @@ class Context:
   """What every protocol reads: the arguments, the images and where runs go."""
 
   args: argparse.Namespace
-  images: data_lib.Images
+  images: images_lib.Images
   out: pathlib.Path
   cache: Optional[pathlib.Path]
   progress: bool

@@ -7,11 +7,14 @@ batches; the batch order depends on the seed only (shared across arms).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Any
+from typing import NamedTuple
 from typing import Optional
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,7 +32,7 @@ from stiefax.experiments.patches.config import hyper
 from stiefax.experiments.patches.config import learning_rates
 from stiefax.experiments.progress import progress_bar
 
-__all__ = ["EpochStats", "Trainer", "train"]
+__all__ = ["EpochStats", "Trainer", "train", "Programs", "programs", "init_params"]
 
 #: Per-step outputs of :meth:`Trainer.epoch`, each of shape ``(steps,)``.
 EpochStats = tuple[Any, Any, Any, Any, Any, Any]
@@ -53,7 +56,7 @@ class Trainer:
   def __init__(self, arm: Arm, setting: Setting, hp: dict, tokens: int, num_classes: int):
     self.arm, self.setting, self.hp = arm, setting, hp
     self.tokens, self.num_classes = tokens, num_classes
-    progs = model_lib.programs(setting, tokens, num_classes, arm.attention)
+    progs = programs(setting, tokens, num_classes, arm.attention)
     self.model = progs.model
     self.tx = optim.make_optimizer(arm, hyper(setting, hp))
     abstract = jax.eval_shape(
@@ -114,10 +117,8 @@ class Trainer:
     return epoch
 
   def init(self, seed: int) -> tuple[Any, Any]:
-    """``(params, opt_state)`` of ``seed`` (see :func:`model.init_params`)."""
-    params = model_lib.init_params(
-      self.model, self.arm, seed, self.tokens, self.setting.d, self._model_init
-    )
+    """``(params, opt_state)`` of ``seed`` (see :func:`init_params`)."""
+    params = init_params(self.model, self.arm, seed, self.tokens, self.setting.d, self._model_init)
     return params, self._tx_init(params)
 
   def epoch(self, params, opt_state, xs, ys, idx, w) -> tuple[Any, Any, EpochStats]:
@@ -273,3 +274,48 @@ def _metrics(hist: dict, eval_split: str, final_acc: float, diverged: bool) -> d
   if eval_split != "test":
     metrics["test_acc"] = None
   return metrics
+
+
+class Programs(NamedTuple):
+  """A model and its jitted ``init(key, x)`` and ``predict(params, x) -> labels``."""
+
+  model: Any
+  init: Any
+  predict: Any
+
+
+def programs(setting: Setting, tokens: int, num_classes: int, attention: str = "plain") -> Programs:
+  """The model of this shape with its jitted init and predict, shared by the arms.
+
+  ``attention``: the arm's attention variant (:mod:`stiefax.experiments.attention`).
+  """
+  return _programs(model_lib.make_model(setting, tokens, num_classes, attention))
+
+
+@functools.lru_cache(maxsize=16)
+def _programs(model: nn.Module) -> Programs:
+  def predict(params: Any, x: Any) -> Any:
+    logits: Any = model.apply(params, x)
+    return jnp.argmax(logits, axis=-1)
+
+  return Programs(model, jax.jit(model.init), jax.jit(predict))
+
+
+def init_params(
+  model, arm: Arm, seed: int, tokens: int, d: int, model_init: Optional[Any] = None
+) -> Any:
+  """Seeded init: non-frame parameters depend on the seed only; frames per the arm.
+
+  Orthonormal frames (``arm.orthonormal``) are drawn from the seed too, identical
+  across the arms that use them. ``model_init`` is ``model.init`` or a jitted copy.
+  """
+  key = jax.random.key(seed)
+  k_init, k_frames = jax.random.split(key)
+  params = (model_init or model.init)(k_init, jnp.zeros((1, tokens, d), jnp.float32))
+  if arm.orthonormal:
+    leaves, treedef = jax.tree.flatten(params)
+    init = stiefax.flax.orthonormal_init()
+    for j, i in enumerate(model_lib.frame_paths(params)):
+      leaves[i] = init(jax.random.fold_in(k_frames, j), leaves[i].shape, leaves[i].dtype)
+    params = jax.tree.unflatten(treedef, leaves)
+  return params
