@@ -15,6 +15,8 @@ import os
 import pathlib
 import sys
 import time
+from typing import Any
+from typing import Sequence
 
 from stiefax import certificates
 from stiefax.experiments import store
@@ -44,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   )
 
 
-def format_table(results) -> str:
+def format_table(results: Sequence[Any]) -> str:
   """The certificates as a fixed-width text table."""
   header = (
     f"{'check':32s} {'proposition':12s} {'residual':>10s} {'tolerance':>10s}"

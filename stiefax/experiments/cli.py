@@ -21,6 +21,9 @@ import os
 import signal
 import sys
 import threading
+from types import FrameType
+from typing import Any
+from typing import Optional
 from typing import Sequence
 
 from stiefax import __version__
@@ -107,7 +110,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
-def _dispatch(parser, parsers, name, argv, as_program) -> int:
+def _dispatch(
+  parser: argparse.ArgumentParser,
+  parsers: dict,
+  name: Optional[str],
+  argv: list[str],
+  as_program: bool,
+) -> int:
   if name in parsers:
     sub_parser, module = parsers[name]
     mod = importlib.import_module(module)
@@ -141,12 +150,12 @@ class _Terminated(KeyboardInterrupt):
   signum = signal.SIGTERM
 
 
-def _raise_terminated(signum, frame):
+def _raise_terminated(signum: int, frame: Optional[FrameType]) -> None:
   del signum, frame
   raise _Terminated
 
 
-def _terminate_as_interrupt():
+def _terminate_as_interrupt() -> Any:
   """Makes SIGTERM raise like Ctrl-C while a command runs (main thread only)."""
   if threading.current_thread() is not threading.main_thread():
     return None
@@ -162,7 +171,7 @@ def _quiet_exit_on_signal() -> None:
   if threading.current_thread() is not threading.main_thread():
     return
 
-  def leave(signum, frame):
+  def leave(signum: int, frame: Optional[FrameType]) -> None:
     del frame
     sys.stdout.flush()
     sys.stderr.flush()

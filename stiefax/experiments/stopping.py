@@ -67,7 +67,7 @@ class StopRequest:
         self._previous[s] = signal.signal(s, self._handler)
     return self
 
-  def __exit__(self, *exc) -> None:
+  def __exit__(self, *exc: object) -> None:
     for s, previous in self._previous.items():
       signal.signal(s, previous)
     self._previous = {}

@@ -98,17 +98,23 @@ def first_epoch(epochs: Sequence[int], values: Sequence[float], threshold: float
   return None
 
 
-def memorized_epoch(epochs, train_acc, threshold: float = 0.99) -> Optional[int]:
+def memorized_epoch(
+  epochs: Sequence[int], train_acc: Sequence[float], threshold: float = 0.99
+) -> Optional[int]:
   """First evaluated epoch with training accuracy ``>= threshold``."""
   return first_epoch(epochs, train_acc, threshold)
 
 
-def grokked_epoch(epochs, test_acc, threshold: float = 0.95) -> Optional[int]:
+def grokked_epoch(
+  epochs: Sequence[int], test_acc: Sequence[float], threshold: float = 0.95
+) -> Optional[int]:
   """First evaluated epoch with held-out accuracy ``>= threshold`` (single crossing)."""
   return first_epoch(epochs, test_acc, threshold)
 
 
-def sustained_epoch(epochs, test_acc, threshold: float = 0.95, k: int = 3) -> Optional[int]:
+def sustained_epoch(
+  epochs: Sequence[int], test_acc: Sequence[float], threshold: float = 0.95, k: int = 3
+) -> Optional[int]:
   """First epoch from which held-out accuracy stays ``>= threshold`` for ``k`` evaluations.
 
   The paper's sustained metric (section 4.4): a single spike does not count.
@@ -126,7 +132,7 @@ def sustained_epoch(epochs, test_acc, threshold: float = 0.95, k: int = 3) -> Op
   return None
 
 
-def tail_mean(epochs, values, fraction: float = 0.25) -> float:
+def tail_mean(epochs: Sequence[int], values: Sequence[float], fraction: float = 0.25) -> float:
   """Mean of ``values`` over the evaluations in the final ``fraction`` of the run.
 
   Evaluations at epochs ``>= (1 - fraction) * last_epoch`` count: for 20 000 epochs,
@@ -135,12 +141,11 @@ def tail_mean(epochs, values, fraction: float = 0.25) -> float:
   >>> tail_mean([0, 100, 200, 300, 400], [0.0, 0.0, 0.0, 0.5, 1.0])
   0.75
   """
-  epochs = np.asarray(epochs, np.float64)
-  values = np.asarray(values, np.float64)
-  if epochs.size == 0:
+  at = np.asarray(epochs, np.float64)
+  if at.size == 0:
     return float("nan")
-  keep = epochs >= (1.0 - fraction) * epochs[-1]
-  return float(np.mean(values[keep]))
+  keep = at >= (1.0 - fraction) * at[-1]
+  return float(np.mean(np.asarray(values, np.float64)[keep]))
 
 
 def run_metrics(history: dict, config: GrokConfig) -> dict:
@@ -178,7 +183,7 @@ def hyper(arm: Arm, config: GrokConfig) -> optim.Hyper:
   the Muon arms at the arm's rate, of B2m and A2-nwf at the AdamW rate.
   """
 
-  def rate(value):
+  def rate(value: float) -> optax.ScalarOrSchedule:
     if config.warmup > 0 and value > 0:
       return optax.warmup_constant_schedule(0.0, value, config.warmup)
     return value

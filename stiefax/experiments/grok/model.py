@@ -13,7 +13,7 @@ from stiefax.experiments.grok.config import GrokConfig
 __all__ = ["make_model"]
 
 
-def make_model(config: GrokConfig, attention: str = "plain"):
+def make_model(config: GrokConfig, attention: str = "plain") -> nn.Module:
   """The paper's encoder for ``config``, as a Flax linen module.
 
   ``attention``: the arm's attention variant (``plain``, ``qknorm`` or ``sigma``;
@@ -24,7 +24,7 @@ def make_model(config: GrokConfig, attention: str = "plain"):
 
 
 @functools.cache
-def _make_model(config: GrokConfig, attention: str):
+def _make_model(config: GrokConfig, attention: str) -> nn.Module:
   class Block(nn.Module):
     """Pre-LN encoder block: x + MHA(LN(x)), then x + FFN(LN(x)); no mask."""
 

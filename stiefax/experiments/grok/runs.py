@@ -70,7 +70,9 @@ def run_file_name(
   return store.run_file_name(stem, run_identity(config, arm, preset), seed)
 
 
-def run_command(config: GrokConfig, arm: str, seed: int, preset: str, stabilize: bool, out) -> str:
+def run_command(
+  config: GrokConfig, arm: str, seed: int, preset: str, stabilize: bool, out: object
+) -> str:
   """The ``stiefax grok`` command line that reruns (or resumes) exactly this run."""
   return " ".join(
     [
@@ -92,7 +94,7 @@ def run_command(config: GrokConfig, arm: str, seed: int, preset: str, stabilize:
   )
 
 
-def _fmt_epoch(e) -> str:
+def _fmt_epoch(e: Optional[int]) -> str:
   return "-" if e is None else str(e)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import pathlib
+from typing import Iterable
 from typing import Optional
 from typing import Sequence
 
@@ -25,9 +26,9 @@ from stiefax.experiments.grok.config import ARMS
 __all__ = ["report"]
 
 
-def _median(xs) -> str:
-  xs = [x for x in xs if x is not None]
-  return "-" if not xs else f"{float(np.median(xs)):.0f}"
+def _median(xs: Iterable[Optional[int]]) -> str:
+  found = [float(x) for x in xs if x is not None]
+  return "-" if not found else f"{float(np.median(found)):.0f}"
 
 
 def _settings(runs: Sequence[dict]) -> dict:
@@ -42,7 +43,7 @@ def _settings(runs: Sequence[dict]) -> dict:
   return groups
 
 
-def _arm_order(names) -> list[str]:
+def _arm_order(names: Iterable[str]) -> list[str]:
   return report_lib.arm_order(names, ARMS)
 
 

@@ -89,7 +89,7 @@ def programs(config: GrokConfig, arm: Arm, vmapped: bool = False, donate: bool =
   tx = optim.make_optimizer(arm, hyper(arm, config))
 
   def loss_and_acc(params, x, y):
-    logits = model.apply(params, x)
+    logits: jax.Array = model.apply(params, x)  # type: ignore[assignment]  # no mutable collections: an array
     loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
     acc = jnp.mean((jnp.argmax(logits, axis=-1) == y).astype(jnp.float32))
     return loss, acc

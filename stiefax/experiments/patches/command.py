@@ -195,7 +195,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   g.add_argument("--no-wait", action="store_true", help=jobs.NO_WAIT_HELP)
 
 
-def _positive(value, flag: str, allow_zero: bool = False) -> None:
+def _positive(value: Optional[float], flag: str, allow_zero: bool = False) -> None:
   if value is None:
     return
   if not math.isfinite(value):

@@ -125,7 +125,7 @@ def arm_hparams(arm: Arm, setting: Setting, knob: Optional[float]) -> dict:
   return hp
 
 
-def schedule(setting: Setting, peak: float):
+def schedule(setting: Setting, peak: float) -> optax.Schedule:
   """5-epoch (``warmup_epochs``) linear warm-up to ``peak``, then cosine to zero."""
   return optax.warmup_cosine_decay_schedule(
     0.0, peak, setting.warmup_steps, setting.total_steps, 0.0

@@ -11,6 +11,7 @@ Xavier-uniform kernels.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -91,7 +92,7 @@ def isometry_fn():
   return jax.jit(lambda p: stiefax.diagnostics.isometry_error(p, stiefax.layouts.qk_labels))
 
 
-def frame_paths(params) -> list[int]:
+def frame_paths(params: Any) -> list[int]:
   """Indices (in ``jax.tree.leaves`` order) of the query/key frame parameters.
 
   ``params`` may be abstract (``jax.eval_shape``): only names and shapes are read.

@@ -165,7 +165,7 @@ def check_run(run: dict) -> Optional[str]:
   return None
 
 
-def _quote(value) -> str:
+def _quote(value: object) -> str:
   return shlex.quote(str(value))
 
 
