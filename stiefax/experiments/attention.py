@@ -264,8 +264,6 @@ def probe(
 
 
 @functools.lru_cache(maxsize=32)
-def probe_fn(
-  model: nn.Module, causal: bool = False
-) -> Callable[[Any, jax.Array], dict[str, jax.Array]]:
+def probe_fn(model: nn.Module, causal: bool = False) -> Callable[..., dict[str, jax.Array]]:
   """Jitted ``(variables, x) -> probe(model, variables, x)``."""
   return jax.jit(lambda v, x: probe(model, v, x, causal=causal))

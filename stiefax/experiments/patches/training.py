@@ -11,6 +11,7 @@ import functools
 import math
 import time
 from typing import Any
+from typing import Callable
 from typing import NamedTuple
 from typing import Optional
 
@@ -70,13 +71,15 @@ class Trainer:
     self._epoch = jax.jit(self._epoch_fn(), donate_argnums=(0, 1))
     self._probe = attention.probe_fn(self.model)
 
-  def _epoch_fn(self):
+  def _epoch_fn(self) -> Callable[..., tuple[Any, Any, EpochStats]]:
     """``epoch(params, opt_state, xs, ys, idx, w) -> (params, opt_state, EpochStats)``."""
     model, tx, frame_ids = self.model, self.tx, self.frame_ids
     lam = self.hp["penalty"]
     spec = stiefax.FrameSpec()
 
-    def loss_fn(params, x, y, w):
+    def loss_fn(
+      params: optax.Params, x: jax.Array, y: jax.Array, w: jax.Array
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array, Any]]:
       logits, state = attention.apply_train(model, params, x)
       ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
       loss = jnp.sum(ce * w) / jnp.maximum(jnp.sum(w), 1.0)
@@ -86,11 +89,20 @@ class Trainer:
       correct = jnp.sum((jnp.argmax(logits, -1) == y) * w)
       return total, (loss, correct, state)
 
-    def frame_norm(frames):  # mean over frames of ||X||_F
+    def frame_norm(frames: jax.Array) -> jax.Array:  # mean over frames of ||X||_F
       return jnp.mean(jnp.sqrt(geometry.frame_sq_norm(frames)))
 
-    def epoch(params, opt_state, xs, ys, idx, w):
-      def step(carry, batch):
+    def epoch(
+      params: optax.Params,
+      opt_state: optax.OptState,
+      xs: jax.Array,
+      ys: jax.Array,
+      idx: jax.Array,
+      w: jax.Array,
+    ) -> tuple[Any, Any, EpochStats]:
+      def step(
+        carry: tuple[Any, Any], batch: tuple[jax.Array, jax.Array]
+      ) -> tuple[tuple[Any, Any], EpochStats]:
         params, opt_state = carry
         b_idx, b_w = batch
         (_, (loss, correct, state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
@@ -99,7 +111,7 @@ class Trainer:
         updates, opt_state = tx.update(grads, opt_state, params)
         new_params = attention.with_state(optax.apply_updates(params, updates), state)
         p_l, g_l, n_l = (jax.tree.leaves(t) for t in (params, grads, new_params))
-        stats = [jnp.zeros([], jnp.float32)] * 3
+        stats: list[jax.Array | float] = [jnp.zeros([], jnp.float32)] * 3
         if frame_ids:
           k = float(len(frame_ids))
           w_f = [spec.to_frames(p_l[i]) for i in frame_ids]
@@ -121,7 +133,15 @@ class Trainer:
     params = init_params(self.model, self.arm, seed, self.tokens, self.setting.d, self._model_init)
     return params, self._tx_init(params)
 
-  def epoch(self, params, opt_state, xs, ys, idx, w) -> tuple[Any, Any, EpochStats]:
+  def epoch(
+    self,
+    params: optax.Params,
+    opt_state: optax.OptState,
+    xs: jax.Array,
+    ys: jax.Array,
+    idx: jax.Array,
+    w: jax.Array,
+  ) -> tuple[Any, Any, EpochStats]:
     """One epoch: a scan over the batches ``idx`` ``(S, B)`` with weights ``w``.
 
     Returns the new ``(params, opt_state)`` (the arguments' buffers are donated) and
@@ -130,15 +150,17 @@ class Trainer:
     """
     return self._epoch(params, opt_state, xs, ys, idx, w)
 
-  def probe(self, params, x) -> dict[str, float]:
+  def probe(self, params: optax.Params, x: jax.Array | np.ndarray) -> dict[str, float]:
     """``{"max_logit", "entropy"}`` of the attention on the batch ``x``."""
     return {k: float(v) for k, v in self._probe(params, x).items()}
 
-  def isometry(self, params) -> float:
+  def isometry(self, params: optax.Params) -> float:
     """``max|W^T W - I|`` over the query/key frames."""
     return float(self._isometry(params))
 
-  def accuracy(self, params, x: np.ndarray, y: np.ndarray, chunk: int = 1000) -> float:
+  def accuracy(
+    self, params: optax.Params, x: np.ndarray, y: np.ndarray, chunk: int = 1000
+  ) -> float:
     """Accuracy over ``(x, y)`` in fixed-size chunks (the last one padded)."""
     if len(y) == 0:
       return float("nan")
@@ -302,7 +324,7 @@ def _programs(model: nn.Module) -> Programs:
 
 
 def init_params(
-  model, arm: Arm, seed: int, tokens: int, d: int, model_init: Optional[Any] = None
+  model: nn.Module, arm: Arm, seed: int, tokens: int, d: int, model_init: Optional[Any] = None
 ) -> Any:
   """Seeded init: non-frame parameters depend on the seed only; frames per the arm.
 
