@@ -67,7 +67,7 @@ class Checkpoints:
     self.directory = pathlib.Path(os.path.abspath(directory))  # absolute, links kept
     self._manager = None
 
-  def _open(self):
+  def _open(self) -> ocp.CheckpointManager:
     problem = store.not_a_folder(self.directory)
     if problem is not None:
       raise DamagedCheckpoint(self.directory, problem)

@@ -265,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
   every = checkpoint_interval(config, args.checkpoint_every)
   vmap = bool(getattr(args, "vmap_seeds", False)) and len(seeds) > 1
 
-  def claim(job, locks) -> bool:
+  def claim(job: _Job, locks: list[store.RunLock]) -> bool:
     """True if this process now holds ``job`` (its lock in ``locks``) and must train it."""
     key = (job.arm, job.seed)
     done = job.finished()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from stiefax.experiments import attention as attention_lib
@@ -29,7 +30,7 @@ def _make_model(config: GrokConfig, attention: str) -> nn.Module:
     """Pre-LN encoder block: x + MHA(LN(x)), then x + FFN(LN(x)); no mask."""
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x: jax.Array) -> jax.Array:
       h = nn.LayerNorm(name="ln_attn")(x)
       h = attention_lib.attention_module(
         attention,
@@ -48,7 +49,7 @@ def _make_model(config: GrokConfig, attention: str) -> nn.Module:
     """(a, b, =) -> logits over c; readout concat(3 x d) -> hidden -> ReLU -> p."""
 
     @nn.compact
-    def __call__(self, tokens):
+    def __call__(self, tokens: jax.Array) -> jax.Array:
       x = nn.Embed(config.modulus + 1, config.d_model, name="token_embed")(tokens)
       pos = nn.Embed(tokens.shape[-1], config.d_model, name="pos_embed")(
         jnp.arange(tokens.shape[-1])

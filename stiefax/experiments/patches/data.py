@@ -158,7 +158,7 @@ class PatchData:
 
 def _tokens(
   images: np.ndarray, patch: int, pixel_max: float, w: Optional[Whitening], chunk: int = 4096
-):
+) -> np.ndarray:
   """Contrast-normalized (and whitened, if ``w``) tokens, image chunk by chunk."""
   out = []
   for s in range(0, images.shape[0], chunk):

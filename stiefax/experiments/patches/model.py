@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 from typing import Any
+from typing import Callable
 
 import flax.linen as nn
 import jax
@@ -61,7 +62,7 @@ def encoder(
     """Pre-LN transformer encoder over whitened patch tokens ``(B, P, d)``."""
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x: jax.Array) -> jax.Array:
       pos = self.param("pos_embedding", nn.initializers.normal(0.02), (tokens, d))
       h = x + pos[None]
       for i in range(depth):
@@ -87,7 +88,7 @@ def encoder(
 
 
 @functools.lru_cache(maxsize=1)
-def isometry_fn():
+def isometry_fn() -> Callable[[Any], jax.Array]:
   """Jitted ``params -> max|W^T W - I|`` over the query/key frames."""
   return jax.jit(lambda p: stiefax.diagnostics.isometry_error(p, stiefax.layouts.qk_labels))
 
