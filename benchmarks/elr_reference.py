@@ -24,14 +24,16 @@ def measure_adamw_elr(learning_rate=3e-2, weight_decay=0.1, steps=400, batch=32,
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
 
-  from stiefax.experiments import patches  # pylint: disable=g-import-not-at-top
+  from stiefax.experiments.patches import config as patches_config
   from stiefax.experiments.patches import data as patch_data  # pylint: disable=g-import-not-at-top
+  from stiefax.experiments.patches import images as patch_images
+  from stiefax.experiments.patches import model as patches_model
 
   data = patch_data.prepare(
-    patch_data.load_images(None), n_train=1000, patch=4, d=16, cache_dir=None
+    patch_images.load_images(None), n_train=1000, patch=4, d=16, cache_dir=None
   )
-  setting = patches.Setting(n_train=1000, epochs=1, d=16, heads=4, head_dim=4)
-  model = patches.make_model(setting, data.train_x.shape[1], data.num_classes)
+  setting = patches_config.Setting(n_train=1000, epochs=1, d=16, heads=4, head_dim=4)
+  model = patches_model.make_model(setting, data.train_x.shape[1], data.num_classes)
   params = model.init(jax.random.key(seed), jnp.zeros((1,) + data.train_x.shape[1:]))
   schedule = optax.linear_schedule(learning_rate, 0.0, steps)
   tx = optax.adamw(schedule, weight_decay=weight_decay)

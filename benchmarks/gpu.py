@@ -42,6 +42,7 @@ from stiefax.experiments import optim
 from stiefax.experiments.lm import model as lm_model
 from stiefax.experiments.patches import config as patches_config
 from stiefax.experiments.patches import model as patch_model
+from stiefax.experiments.patches import training as patch_training
 
 # (name, kernel shape, FrameSpec, layers, dtype) of the update table.
 FULL_UPDATES = [
@@ -132,7 +133,7 @@ def patch_rows(reps, batch):
     tx = optim.make_optimizer(
       arm, patches_config.hyper(setting, patches_config.arm_hparams(arm, setting, None))
     )
-    params = patch_model.init_params(model, arm, 0, tokens, setting.d)
+    params = patch_training.init_params(model, arm, 0, tokens, setting.d)
     state = tx.init(params)
     step = _make_step(loss_fn, tx)
     memory[name] = _memory(step.lower(params, state, x, y).compile())

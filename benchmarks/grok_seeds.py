@@ -16,28 +16,32 @@ import dataclasses
 import jax
 
 from benchmarks.common import time_interleaved
-from stiefax.experiments import grok
+from stiefax.experiments.grok import config as grok_config
+from stiefax.experiments.grok import data as grok_data
+from stiefax.experiments.grok import training as grok_training
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--arm", default="B2", choices=sorted(grok.ARMS))
+  parser.add_argument("--arm", default="B2", choices=sorted(grok_config.ARMS))
   parser.add_argument("--seeds", type=int, default=5)
   parser.add_argument("--window", type=int, default=10, help="steps per program call")
   parser.add_argument("--reps", type=int, default=5)
-  parser.add_argument("--preset", default="quick", choices=sorted(grok.PRESETS))
+  parser.add_argument("--preset", default="quick", choices=sorted(grok_config.PRESETS))
   args = parser.parse_args()
 
-  config = dataclasses.replace(grok.PRESETS[args.preset]["config"], eval_every=args.window)
-  arm = grok.ARMS[args.arm]
+  config = dataclasses.replace(grok_config.PRESETS[args.preset]["config"], eval_every=args.window)
+  arm = grok_config.ARMS[args.arm]
   seeds = list(range(args.seeds))
-  datas = [{k: jax.numpy.asarray(v) for k, v in grok.make_data(config, s).items()} for s in seeds]
-  params = [grok.init_params(config, arm, s) for s in seeds]
+  datas = [
+    {k: jax.numpy.asarray(v) for k, v in grok_data.make_data(config, s).items()} for s in seeds
+  ]
+  params = [grok_training.init_params(config, arm, s) for s in seeds]
   # Not donated: the same buffers serve every timed call.
-  init, chunk, _ = grok.programs(config, arm, False, False)
-  _, vchunk, _ = grok.programs(config, arm, True, False)
+  init, chunk, _ = grok_training.programs(config, arm, False, False)
+  _, vchunk, _ = grok_training.programs(config, arm, True, False)
   states = [init(p) for p in params]
-  stacked = (grok.stack(params), grok.stack(states), grok.stack(datas))
+  stacked = (grok_training.stack(params), grok_training.stack(states), grok_training.stack(datas))
 
   def separate(ps, ss, ds):
     return [chunk(p, s, d) for p, s, d in zip(ps, ss, ds)]

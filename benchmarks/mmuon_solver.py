@@ -83,15 +83,21 @@ def timing(reps):
 
 
 def in_training():
-  from stiefax.experiments import patches  # pylint: disable=g-import-not-at-top
+  from stiefax.experiments.patches import config as patches_config
   from stiefax.experiments.patches import data as patch_data  # pylint: disable=g-import-not-at-top
+  from stiefax.experiments.patches import images as patch_images
+  from stiefax.experiments.patches import training as patches_training
 
-  images = patch_data.load_images(None)
+  images = patch_images.load_images(None)
   data = patch_data.prepare(images, n_train=1000, n_val=0, patch=4, d=16, cache_dir=None)
-  setting = patches.Setting(n_train=1000, epochs=40, d=16, heads=4, head_dim=4)
-  arm = patches.ARMS["B2-mmuon"]
-  trainer = patches.Trainer(
-    arm, setting, patches.arm_hparams(arm, setting, None), data.train_x.shape[1], data.num_classes
+  setting = patches_config.Setting(n_train=1000, epochs=40, d=16, heads=4, head_dim=4)
+  arm = patches_config.ARMS["B2-mmuon"]
+  trainer = patches_training.Trainer(
+    arm,
+    setting,
+    patches_config.arm_hparams(arm, setting, None),
+    data.train_x.shape[1],
+    data.num_classes,
   )
   params, state = trainer.init(0)
   rng = np.random.default_rng([0, 1])

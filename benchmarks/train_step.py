@@ -21,6 +21,7 @@ from benchmarks.common import time_fn
 from stiefax.experiments import optim
 from stiefax.experiments.patches import config as patches_config
 from stiefax.experiments.patches import model as patch_model
+from stiefax.experiments.patches import training as patch_training
 
 
 def make_step(model, tx):
@@ -56,7 +57,7 @@ def main():
     arm = patches_config.arm_by_name(name)
     hp = patches_config.arm_hparams(arm, setting, None)
     tx = optim.make_optimizer(arm, patches_config.hyper(setting, hp))
-    params = patch_model.init_params(model, arm, 0, tokens, setting.d)
+    params = patch_training.init_params(model, arm, 0, tokens, setting.d)
     steppers[name] = (make_step(model, tx), [(params, tx.init(params))])
 
   def timed(name):

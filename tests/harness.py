@@ -8,10 +8,10 @@ from typing import Callable
 import numpy as np
 
 from stiefax.experiments import cli
-from stiefax.experiments import grok
+from stiefax.experiments.grok import config as grok_config
 
 # A reduced grokking model (p = 23, d = 32, one layer): each run compiles in seconds.
-TINY_GROK = grok.GrokConfig(
+TINY_GROK = grok_config.GrokConfig(
   modulus=23,
   d_model=32,
   num_heads=2,

@@ -8,10 +8,10 @@ import pytest
 
 import stiefax
 from stiefax.experiments import arms
-from stiefax.experiments import grok
-from stiefax.experiments import lm
 from stiefax.experiments import optim
-from stiefax.experiments import patches
+from stiefax.experiments.grok import config as grok_config
+from stiefax.experiments.lm import config as lm_config
+from stiefax.experiments.patches import config as patches_config
 
 
 def _params():
@@ -31,19 +31,19 @@ def _params():
 
 
 def test_one_arm_per_name_across_commands():
-  for offered in (patches.ARMS, grok.ARMS, lm.ARMS):
+  for offered in (patches_config.ARMS, grok_config.ARMS, lm_config.ARMS):
     for name, arm in offered.items():
       assert arm is arms.ARMS[name]
-  assert set(patches.ARMS) | set(grok.ARMS) | set(lm.ARMS) == set(arms.ARMS)
-  assert list(patches.ARMS)[:3] == ["A2", "A2-orth", "B2"]  # each command's own order
-  assert list(grok.ARMS)[:3] == ["A2", "B2", "B2m"]
+  assert set(patches_config.ARMS) | set(grok_config.ARMS) | set(lm_config.ARMS) == set(arms.ARMS)
+  assert list(patches_config.ARMS)[:3] == ["A2", "A2-orth", "B2"]  # each command's own order
+  assert list(grok_config.ARMS)[:3] == ["A2", "B2", "B2m"]
 
 
 def test_lookup_by_case_and_alias():
-  assert arms.lookup("b2-sgd", patches.ARMS).name == "B2-SGD"
-  assert arms.lookup("PA16", patches.ARMS).name == "B2-SGD"
-  assert arms.lookup("soft_penalty", patches.ARMS).name == "soft"
-  assert arms.lookup("pa16", grok.ARMS) is None  # not offered there
+  assert arms.lookup("b2-sgd", patches_config.ARMS).name == "B2-SGD"
+  assert arms.lookup("PA16", patches_config.ARMS).name == "B2-SGD"
+  assert arms.lookup("soft_penalty", patches_config.ARMS).name == "soft"
+  assert arms.lookup("pa16", grok_config.ARMS) is None  # not offered there
   assert arms.lookup("C9", arms.ARMS) is None
 
 

@@ -70,10 +70,10 @@ def test_train_step_summary(capsys, monkeypatch):
 
 @pytest.mark.slow
 def test_grok_seeds_ratio(capsys, monkeypatch):
-  from stiefax.experiments import grok  # pylint: disable=g-import-not-at-top
+  from stiefax.experiments.grok import config as grok_config
   from tests.harness import TINY_GROK  # pylint: disable=g-import-not-at-top
 
-  monkeypatch.setitem(grok.PRESETS, "tiny", dict(config=TINY_GROK, arms=("B2",), seeds=(0,)))
+  monkeypatch.setitem(grok_config.PRESETS, "tiny", dict(config=TINY_GROK, arms=("B2",), seeds=(0,)))
   out = _main(
     grok_seeds,
     ["--preset", "tiny", "--seeds", "2", "--window", "2", "--reps", "1"],

@@ -28,11 +28,13 @@ import pytest
 
 import stiefax
 from stiefax.experiments import cli
-from stiefax.experiments import grok
+from stiefax.experiments import flags
 from stiefax.experiments import store
 from stiefax.experiments.checkpoints import Checkpoints
+from stiefax.experiments.grok import config as grok_config
+from stiefax.experiments.grok import runs as grok_runs
 from stiefax.experiments.grok import training as grok_training
-from stiefax.experiments.patches import data as patch_data
+from stiefax.experiments.patches import images as patch_images
 from tests import harness
 
 CONFIG = dataclasses.replace(harness.TINY_GROK, epochs=40, eval_every=20)
@@ -41,7 +43,7 @@ CONFIG = dataclasses.replace(harness.TINY_GROK, epochs=40, eval_every=20)
 @pytest.fixture
 def tiny(monkeypatch):
   monkeypatch.setitem(
-    grok.PRESETS, "tiny", dict(config=harness.TINY_GROK, arms=("A2", "B2"), seeds=(0,))
+    grok_config.PRESETS, "tiny", dict(config=harness.TINY_GROK, arms=("A2", "B2"), seeds=(0,))
   )
   return "tiny"
 
@@ -66,7 +68,7 @@ def _argv(out, *extra):
 
 
 def _run_path(out) -> pathlib.Path:
-  return pathlib.Path(out) / grok.run_file_name(CONFIG, "B2", 0, "tiny")
+  return pathlib.Path(out) / grok_runs.run_file_name(CONFIG, "B2", 0, "tiny")
 
 
 @pytest.fixture
@@ -118,7 +120,9 @@ def finished(tmp_path_factory):
   out = tmp_path_factory.mktemp("finished")
   # The tests' own promotion rule (conftest), so that the compiled programs are shared.
   with pytest.MonkeyPatch.context() as mp, jax.numpy_rank_promotion("raise"):
-    mp.setitem(grok.PRESETS, "tiny", dict(config=harness.TINY_GROK, arms=("B2",), seeds=(0,)))
+    mp.setitem(
+      grok_config.PRESETS, "tiny", dict(config=harness.TINY_GROK, arms=("B2",), seeds=(0,))
+    )
     old = os.umask(0o022)
     try:
       assert cli.main(_argv(out, "--checkpoint-every", "20")) == 0
@@ -227,8 +231,8 @@ def test_row4_a_crafted_cifar_batch_is_refused_and_never_run(tmp_path, capsys):
   marker = tmp_path / "pwned"
   evil = pickle.dumps({b"data": _Payload(marker), b"labels": [0]})
   (copy["folder"] / "data_batch_1").write_bytes(evil)
-  with pytest.raises(cli.CommandError, match=r"data_batch_1.*refused to load io\.open"):
-    patch_data.load_images(str(copy["folder"]))
+  with pytest.raises(flags.CommandError, match=r"data_batch_1.*refused to load io\.open"):
+    patch_images.load_images(str(copy["folder"]))
   assert not marker.exists()
   out = tmp_path / "out"
   argv = ["patches", "--data", str(copy["folder"]), "--no-cache", "--out", str(out)]
@@ -237,8 +241,6 @@ def test_row4_a_crafted_cifar_batch_is_refused_and_never_run(tmp_path, capsys):
 
 
 def test_row4_real_cifar_batches_still_load(tmp_path):
-  from stiefax.experiments.patches import images as patch_images
-
   rng = np.random.default_rng(0)
   x = rng.integers(0, 256, (3, 3072), dtype=np.uint8)
   for protocol in (2, 4, 5):  # Python 2's batches are protocol 2; numpy 2 uses _frombuffer at 5
@@ -247,7 +249,7 @@ def test_row4_real_cifar_batches_still_load(tmp_path):
     np.testing.assert_array_equal(got[b"data"], x)
     assert got[b"labels"] == [1, 2, 3]
   copy = harness.write_cifar(tmp_path)
-  images = patch_data.load_images(str(copy["archive"]))
+  images = patch_images.load_images(str(copy["archive"]))
   np.testing.assert_array_equal(images.train_y, copy["train_y"])
 
 
@@ -421,7 +423,7 @@ def test_row10_a_damaged_checkpoint_is_moved_aside_and_the_run_restarts(
     victim.write_bytes(bytes(data))
   monkeypatch.undo()
   monkeypatch.setitem(
-    grok.PRESETS, "tiny", dict(config=harness.TINY_GROK, arms=("B2",), seeds=(0,))
+    grok_config.PRESETS, "tiny", dict(config=harness.TINY_GROK, arms=("B2",), seeds=(0,))
   )
   assert cli.main(_argv(out, "--checkpoint-every", "20")) == 0
   err = capsys.readouterr().err
@@ -487,7 +489,7 @@ def test_row12_an_unwritable_cache_or_out_is_one_line(tmp_path, capsys):
 
 def test_row12_a_failing_cache_write_is_a_notice(tmp_path, monkeypatch, capsys):
   monkeypatch.setattr(store.os, "fsync", _no_space)
-  assert patch_data.save_npz(tmp_path / "c.npz", a=np.zeros(3)) is False
+  assert patch_images.save_npz(tmp_path / "c.npz", a=np.zeros(3)) is False
   assert "cannot write the cache file" in capsys.readouterr().err
   assert list(tmp_path.iterdir()) == []
 
@@ -518,9 +520,10 @@ def test_row13_seeds_outside_32_bits_are_one_line(argv, tmp_path, capsys):
 
 _SCRIPT = """
 import sys
-from stiefax.experiments import cli, grok
+from stiefax.experiments import cli
+from stiefax.experiments.grok import config as grok_config
 from tests.harness import TINY_GROK
-grok.PRESETS["tiny"] = dict(config=TINY_GROK, arms=("B2",), seeds=(0,))
+grok_config.PRESETS["tiny"] = dict(config=TINY_GROK, arms=("B2",), seeds=(0,))
 sys.exit(cli.main())
 """
 
@@ -608,7 +611,7 @@ def test_rows14_15_the_training_loop_stops_on_sigterm_and_quietly_on_a_second_si
 def test_rows14_15_sigterm_checkpoints_and_a_second_ctrl_c_exits_quietly(tmp_path):
   outs = {"term": tmp_path / "term", "twice": tmp_path / "twice"}
   procs = {k: _start(tmp_path, out) for k, out in outs.items()}  # both at once: half the time
-  name = grok.run_file_name(dataclasses.replace(CONFIG, epochs=100000), "B2", 0, "tiny")
+  name = grok_runs.run_file_name(dataclasses.replace(CONFIG, epochs=100000), "B2", 0, "tiny")
   try:
     for k, proc in procs.items():
       _wait_for_checkpoint((outs[k] / name).with_suffix(".ckpt"), proc)

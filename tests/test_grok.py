@@ -17,8 +17,12 @@ import pytest
 
 import stiefax
 from stiefax.experiments import cli
-from stiefax.experiments import grok
 from stiefax.experiments import optim
+from stiefax.experiments.grok import command as grok_command
+from stiefax.experiments.grok import config as grok_config
+from stiefax.experiments.grok import data as grok_data
+from stiefax.experiments.grok import model as grok_model
+from stiefax.experiments.grok import runs as grok_runs
 from stiefax.experiments.grok import training as grok_training
 from tests import harness
 
@@ -27,7 +31,7 @@ TINY = harness.TINY_GROK
 
 @pytest.fixture
 def tiny_preset(monkeypatch):
-  monkeypatch.setitem(grok.PRESETS, "tiny", dict(config=TINY, arms=("A2", "B2"), seeds=(0,)))
+  monkeypatch.setitem(grok_config.PRESETS, "tiny", dict(config=TINY, arms=("A2", "B2"), seeds=(0,)))
   return "tiny"
 
 
@@ -36,7 +40,7 @@ def tiny_runs(tmp_path_factory):
   """`stiefax grok --preset tiny --arms A2,B2 --seeds 0` into a fresh directory."""
   out = tmp_path_factory.mktemp("grok")
   with pytest.MonkeyPatch.context() as mp:
-    mp.setitem(grok.PRESETS, "tiny", dict(config=TINY, arms=("A2", "B2"), seeds=(0,)))
+    mp.setitem(grok_config.PRESETS, "tiny", dict(config=TINY, arms=("A2", "B2"), seeds=(0,)))
     with jax.numpy_rank_promotion("raise"):
       rc = cli.main(
         ["grok", "--preset", "tiny", "--arms", "A2,B2", "--seeds", "0", "--out", str(out)]
@@ -46,7 +50,7 @@ def tiny_runs(tmp_path_factory):
 
 
 def _load(out: pathlib.Path, arm: str, seed: int = 0, config=TINY) -> dict:
-  return json.loads((out / grok.run_file_name(config, arm, seed, "tiny")).read_text())
+  return json.loads((out / grok_runs.run_file_name(config, arm, seed, "tiny")).read_text())
 
 
 # ----------------------------------------------------------------------------
@@ -56,22 +60,22 @@ def _load(out: pathlib.Path, arm: str, seed: int = 0, config=TINY) -> dict:
 
 def test_memorized_and_grokked_are_first_crossings():
   ep = [0, 100, 200, 300]
-  assert grok.memorized_epoch(ep, [0.0, 0.5, 0.99, 1.0]) == 200
-  assert grok.memorized_epoch(ep, [0.0, 0.5, 0.989, 0.98]) is None
-  assert grok.grokked_epoch(ep, [0.0, 0.96, 0.1, 0.2]) == 100  # a spike counts
-  assert grok.grokked_epoch(ep, [0.0, 0.949, 0.1, 0.2]) is None
+  assert grok_config.memorized_epoch(ep, [0.0, 0.5, 0.99, 1.0]) == 200
+  assert grok_config.memorized_epoch(ep, [0.0, 0.5, 0.989, 0.98]) is None
+  assert grok_config.grokked_epoch(ep, [0.0, 0.96, 0.1, 0.2]) == 100  # a spike counts
+  assert grok_config.grokked_epoch(ep, [0.0, 0.949, 0.1, 0.2]) is None
 
 
 def test_sustained_needs_k_consecutive_evaluations():
   ep = [0, 100, 200, 300, 400, 500, 600]
   acc = [0.0, 0.96, 0.97, 0.5, 0.95, 0.96, 0.99]
-  assert grok.grokked_epoch(ep, acc) == 100
-  assert grok.sustained_epoch(ep, acc, k=3) == 400  # the 100-200 run is only 2 long
-  assert grok.sustained_epoch(ep, acc, k=2) == 100
-  assert grok.sustained_epoch(ep, acc, k=4) is None
-  assert grok.sustained_epoch(ep[:6], acc[:6], k=3) is None  # run ends at 2
+  assert grok_config.grokked_epoch(ep, acc) == 100
+  assert grok_config.sustained_epoch(ep, acc, k=3) == 400  # the 100-200 run is only 2 long
+  assert grok_config.sustained_epoch(ep, acc, k=2) == 100
+  assert grok_config.sustained_epoch(ep, acc, k=4) is None
+  assert grok_config.sustained_epoch(ep[:6], acc[:6], k=3) is None  # run ends at 2
   with pytest.raises(ValueError, match="k=0"):
-    grok.sustained_epoch(ep, acc, k=0)
+    grok_config.sustained_epoch(ep, acc, k=0)
 
 
 def test_tail_mean_is_the_final_quarter():
@@ -80,11 +84,11 @@ def test_tail_mean_is_the_final_quarter():
   for i, e in enumerate(ep):
     if e >= 15_000:
       acc[i] = 1.0
-  assert grok.tail_mean(ep, acc) == 1.0  # exactly epochs 15 000-20 000
+  assert grok_config.tail_mean(ep, acc) == 1.0  # exactly epochs 15 000-20 000
   acc[ep.index(14_900)] = 1.0
   acc[ep.index(15_000)] = 0.0
-  assert grok.tail_mean(ep, acc) == pytest.approx(50 / 51)
-  assert grok.tail_mean(ep, acc, fraction=1.0) == pytest.approx(51 / 201)
+  assert grok_config.tail_mean(ep, acc) == pytest.approx(50 / 51)
+  assert grok_config.tail_mean(ep, acc, fraction=1.0) == pytest.approx(51 / 201)
 
 
 def test_run_metrics_from_history():
@@ -94,7 +98,7 @@ def test_run_metrics_from_history():
     "test_acc": [0.0, 0.0, 0.95, 0.96, 0.97],
     "isometry": [0.3, 0.5, 0.2, 0.4, 0.1],
   }
-  m = grok.run_metrics(h, dataclasses.replace(TINY, epochs=40, eval_every=10))
+  m = grok_config.run_metrics(h, dataclasses.replace(TINY, epochs=40, eval_every=10))
   assert (m["memorized_epoch"], m["grokked_epoch"], m["sustained_epoch"]) == (10, 20, 20)
   assert m["end_test_acc"] == 0.97 and m["end_train_acc"] == 1.0
   assert m["tail_test_acc"] == pytest.approx((0.96 + 0.97) / 2)
@@ -108,17 +112,17 @@ def test_run_metrics_from_history():
 
 
 def test_paper_model_and_split_shapes():
-  cfg = grok.PAPER
-  data = grok.make_data(cfg, seed=0)
+  cfg = grok_config.PAPER
+  data = grok_data.make_data(cfg, seed=0)
   assert data["x_train"].shape == (3764, 3) and data["x_test"].shape == (5645, 3)
   pairs = {tuple(r) for r in np.concatenate([data["x_train"], data["x_test"]])[:, :2]}
   assert len(pairs) == 97 * 97
   assert np.all(data["x_train"][:, 2] == 97)  # the "=" token
   assert np.array_equal(data["y_train"], (data["x_train"][:, 0] + data["x_train"][:, 1]) % 97)
-  other = grok.make_data(cfg, seed=1)
+  other = grok_data.make_data(cfg, seed=1)
   assert not np.array_equal(other["x_train"], data["x_train"])  # split follows the seed
 
-  params = jax.eval_shape(lambda: grok.init_params(cfg, grok.ARMS["A2"], 0))
+  params = jax.eval_shape(lambda: grok_training.init_params(cfg, grok_config.ARMS["A2"], 0))
   p = params["params"]
   assert p["token_embed"]["embedding"].shape == (98, 128)
   assert p["pos_embed"]["embedding"].shape == (3, 128)
@@ -135,9 +139,9 @@ def test_paper_model_and_split_shapes():
 
 
 def test_arms_share_circuit_init_and_differ_in_frames():
-  a2 = grok.init_params(TINY, grok.ARMS["A2"], 3)
-  b2 = grok.init_params(TINY, grok.ARMS["B2"], 3)
-  sn = grok.init_params(TINY, grok.ARMS["B2-sn"], 3)
+  a2 = grok_training.init_params(TINY, grok_config.ARMS["A2"], 3)
+  b2 = grok_training.init_params(TINY, grok_config.ARMS["B2"], 3)
+  sn = grok_training.init_params(TINY, grok_config.ARMS["B2-sn"], 3)
   labels = stiefax.layouts.qk_labels(a2)
   for lab, x, y, z in zip(*(jax.tree.leaves(t) for t in (labels, a2, b2, sn))):
     if lab == "stiefel":
@@ -149,7 +153,7 @@ def test_arms_share_circuit_init_and_differ_in_frames():
       np.testing.assert_allclose(z, scale * np.asarray(x), rtol=1e-6)
   assert float(stiefax.diagnostics.isometry_error(b2, stiefax.layouts.qk_labels)) < 2e-6
   assert float(stiefax.diagnostics.isometry_error(a2, stiefax.layouts.qk_labels)) > 1e-2
-  other_seed = grok.init_params(TINY, grok.ARMS["A2"], 4)
+  other_seed = grok_training.init_params(TINY, grok_config.ARMS["A2"], 4)
   emb = lambda p: p["params"]["token_embed"]["embedding"]
   assert not np.allclose(emb(other_seed), emb(a2))
 
@@ -172,7 +176,7 @@ def _toy_params():
 
 def _first_update(config, arm, grad_value):
   params = _toy_params()
-  tx = optim.make_optimizer(grok.ARMS[arm], grok.hyper(grok.ARMS[arm], config))
+  tx = optim.make_optimizer(grok_config.ARMS[arm], grok_config.hyper(grok_config.ARMS[arm], config))
   grads = jax.tree.map(lambda w: jax.numpy.full_like(w, grad_value), params)
   updates, _ = tx.update(grads, tx.init(params), params)
   return params["params"], updates["params"]
@@ -194,7 +198,7 @@ _DECAY = {
   "B2-qr": (None, 1.0),
   "B2-cayley": (None, 1.0),
   # Muon decays at its own rate: -MUON_LR * decay * w.
-  "A2-muon": (grok.MUON_LR / TINY.learning_rate, 1.0),
+  "A2-muon": (grok_config.MUON_LR / TINY.learning_rate, 1.0),
   # The attention arms train the frames as A2 and B2 do.
   "A2-qknorm": (1.0, 1.0),
   "A2-sigma": (1.0, 1.0),
@@ -202,9 +206,9 @@ _DECAY = {
 }
 
 
-@pytest.mark.parametrize("arm", list(grok.ARMS))
+@pytest.mark.parametrize("arm", list(grok_config.ARMS))
 def test_arm_decay_and_frame_rules(arm):
-  assert set(_DECAY) == set(grok.ARMS)
+  assert set(_DECAY) == set(grok_config.ARMS)
   lr = TINY.learning_rate
   frame_decay, circuit_decay = _DECAY[arm]
   w, u = _first_update(TINY, arm, 0.0)
@@ -231,9 +235,9 @@ def test_arm_decay_and_frame_rules(arm):
 
 def test_stabilize_sets_power_et_al():
   parser, parsers = cli.build_parser()
-  grok.add_arguments(parsers["grok"][0])
+  grok_command.add_arguments(parsers["grok"][0])
   args = parser.parse_args(["grok", "--stabilize", "--arms", "B2"])
-  cfg, arms, seeds = grok.resolve_config(args)
+  cfg, arms, seeds = grok_command.resolve_config(args)
   assert (cfg.b2, cfg.warmup, arms, seeds) == (0.98, 10, ["B2"], [0])
 
   def largest_first_step(c):
@@ -243,7 +247,7 @@ def test_stabilize_sets_power_et_al():
   assert largest_first_step(cfg) < 1e-5  # the warm-up starts every rate at 0
   assert largest_first_step(dataclasses.replace(cfg, warmup=0)) > 1e-4
   args = parser.parse_args(["grok", "--preset", "paper"])
-  assert grok.resolve_config(args)[0] == grok.PAPER
+  assert grok_command.resolve_config(args)[0] == grok_config.PAPER
 
 
 # ----------------------------------------------------------------------------
@@ -253,7 +257,7 @@ def test_stabilize_sets_power_et_al():
 
 def test_cli_writes_one_json_per_run(tiny_runs, capsys):
   files = sorted(p.name for p in tiny_runs.iterdir())
-  assert files == sorted(grok.run_file_name(TINY, a, 0, "tiny") for a in ("A2", "B2"))
+  assert files == sorted(grok_runs.run_file_name(TINY, a, 0, "tiny") for a in ("A2", "B2"))
   assert files[0].startswith("A2-tiny-e80-") and files[0].endswith("-s0.json")
   for arm in ("A2", "B2"):
     r = _load(tiny_runs, arm)
@@ -322,7 +326,7 @@ def test_the_committed_runs_are_finished_and_the_docs_quote_their_report():
   groups, warnings = report_lib.load_runs(root / "results/grok")
   assert warnings == [] and list(groups) == ["grok"]
   runs = groups["grok"]
-  paper = grok.PRESETS["paper"]["config"]
+  paper = grok_config.PRESETS["paper"]["config"]
   assert {r["arm"] for r in runs} <= {"A2", "B2", "B2-frz", "B2m", "B2m-can"}
   assert len({(r["arm"], r["seed"]) for r in runs}) == len(runs)
   for r in runs:
@@ -426,7 +430,7 @@ def test_budgets_get_their_own_files_and_reruns_skip_finished_runs(
   def no_training(*a, **k):
     raise AssertionError("a finished run was trained again")
 
-  monkeypatch.setattr(grok, "train", no_training)
+  monkeypatch.setattr(grok_command, "train_seeds", no_training)
   assert cli.main(base + ["--epochs", "20"]) == 0
   assert "finished already" in capsys.readouterr().out
   assert sorted(p.name for p in out.iterdir()) == files
@@ -483,7 +487,7 @@ def test_sigint_leaves_a_run_that_resumes_to_the_same_result(
   assert cli.main(argv) == 130  # stopped after the 2nd of 4 evaluation windows
   err = capsys.readouterr().err
   assert "stopped A2 seed 0 at epoch 40; checkpoint at epoch 40" in err
-  name = grok.run_file_name(TINY, "A2", 0, "tiny")
+  name = grok_runs.run_file_name(TINY, "A2", 0, "tiny")
   assert not (out / name).exists() and (out / name).with_suffix(".ckpt").is_dir()
   assert not (out / name).with_suffix(".lock").exists()
   calls = _counting_chunks(monkeypatch)  # no interruption this time
@@ -576,7 +580,7 @@ def attention_runs(tmp_path_factory):
   """`stiefax grok --preset tiny --arms A2-qknorm,A2-sigma,B2-qknorm --seeds 0`."""
   out = tmp_path_factory.mktemp("grok-attention")
   with pytest.MonkeyPatch.context() as mp:
-    mp.setitem(grok.PRESETS, "tiny", dict(config=TINY, arms=("A2", "B2"), seeds=(0,)))
+    mp.setitem(grok_config.PRESETS, "tiny", dict(config=TINY, arms=("A2", "B2"), seeds=(0,)))
     argv = ["grok", "--preset", "tiny", "--arms", ",".join(_ATTENTION_ARMS), "--seeds", "0"]
     assert cli.main([*argv, "--out", str(out)]) == 0
   return out
@@ -584,26 +588,26 @@ def attention_runs(tmp_path_factory):
 
 def test_attention_arms_are_offered_and_recorded():
   for name in _ATTENTION_ARMS:
-    assert name in grok.ARMS and name in (grok.__doc__ or "")
-    definition = grok.arm_definition(grok.ARMS[name])
-    assert definition["attention"] == grok.ARMS[name].attention != "plain"
-  for name, arm in grok.ARMS.items():  # the plain arms' identities predate the field
+    assert name in grok_config.ARMS and name in (grok_command.__doc__ or "")
+    definition = grok_runs.arm_definition(grok_config.ARMS[name])
+    assert definition["attention"] == grok_config.ARMS[name].attention != "plain"
+  for name, arm in grok_config.ARMS.items():  # the plain arms' identities predate the field
     if arm.attention == "plain":
-      assert "attention" not in grok.arm_definition(arm), name
-  for preset in grok.PRESETS.values():
+      assert "attention" not in grok_runs.arm_definition(arm), name
+  for preset in grok_config.PRESETS.values():
     assert not set(preset["arms"]) & set(_ATTENTION_ARMS)
-  assert grok.make_model(TINY) is grok.make_model(TINY, "plain")
+  assert grok_model.make_model(TINY) is grok_model.make_model(TINY, "plain")
 
 
 def test_attention_arms_share_the_circuit_init():
   """The same seed gives every arm the same weights; the variants only add their own."""
   flat = lambda t: {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(t)}
-  a2 = flat(grok.init_params(TINY, grok.ARMS["A2"], 3))
+  a2 = flat(grok_training.init_params(TINY, grok_config.ARMS["A2"], 3))
   for name, extra in (
     ("A2-qknorm", {"query_ln", "key_ln"}),
     ("A2-sigma", {"gamma", "sigma_reparam"}),
   ):
-    got = flat(grok.init_params(TINY, grok.ARMS[name], 3))
+    got = flat(grok_training.init_params(TINY, grok_config.ARMS[name], 3))
     for k, v in a2.items():
       np.testing.assert_array_equal(got[k], v, err_msg=f"{name} {k}")
     added = set(got) - set(a2)
@@ -614,8 +618,8 @@ def test_attention_arms_share_the_circuit_init():
 def test_attention_arms_run_end_to_end(attention_runs, tiny_runs):
   for name in _ATTENTION_ARMS:
     r = _load(attention_runs, name)
-    assert r["config"]["arm"]["attention"] == grok.ARMS[name].attention
-    assert name in r["command"] and r["run_id"] in grok.run_file_name(TINY, name, 0, "tiny")
+    assert r["config"]["arm"]["attention"] == grok_config.ARMS[name].attention
+    assert name in r["command"] and r["run_id"] in grok_runs.run_file_name(TINY, name, 0, "tiny")
     h = r["history"]
     assert h["epoch"] == [0, 20, 40, 60, 80]
     for k in ("train_acc", "test_acc", "train_loss", "isometry", "max_logit", "attn_entropy"):
@@ -637,12 +641,12 @@ def test_attention_arms_run_end_to_end(attention_runs, tiny_runs):
 def test_sigma_state_advances_each_step_and_evaluation_reads_it():
   from stiefax.experiments import attention  # pylint: disable=g-import-not-at-top
 
-  arm = grok.ARMS["A2-sigma"]
-  params = grok.init_params(TINY, arm, 0)
+  arm = grok_config.ARMS["A2-sigma"]
+  params = grok_training.init_params(TINY, arm, 0)
   u0 = params[attention.SIGMA_COLLECTION]["block_0"]["attn"]
   assert set(u0) == {"query", "key"} and u0["query"]["u"].shape == (TINY.d_model,)
-  data = {k: jax.numpy.asarray(v) for k, v in grok.make_data(TINY, 0).items()}
-  init, chunk, evaluate = grok.programs(TINY, arm, False, False)
+  data = {k: jax.numpy.asarray(v) for k, v in grok_data.make_data(TINY, 0).items()}
+  init, chunk, evaluate = grok_training.programs(TINY, arm, False, False)
   new, _, ev = chunk(params, init(params), data)
   u1 = new[attention.SIGMA_COLLECTION]["block_0"]["attn"]
   for name in ("query", "key"):
@@ -687,7 +691,7 @@ def test_a_sigma_run_resumes_to_the_uninterrupted_result(
 @pytest.mark.slow
 def test_sigma_seeds_vmapped_match_separate_runs(attention_runs):
   config = dataclasses.replace(TINY, epochs=40)
-  runs = grok.train_seeds(config, "A2-sigma", [0, 1], progress=False, vmap=True)
+  runs = grok_training.train_seeds(config, "A2-sigma", [0, 1], progress=False, vmap=True)
   ref = _load(attention_runs, "A2-sigma")["history"]
   h = runs[0]["history"]
   assert h["epoch"] == ref["epoch"][:3]
@@ -697,7 +701,7 @@ def test_sigma_seeds_vmapped_match_separate_runs(attention_runs):
 
 
 def test_every_setting_changes_the_file_name():
-  names = {grok.run_file_name(TINY, "A2", 0, "tiny")}
+  names = {grok_runs.run_file_name(TINY, "A2", 0, "tiny")}
   for change in (
     dict(epochs=100),
     dict(learning_rate=2e-2),
@@ -705,20 +709,21 @@ def test_every_setting_changes_the_file_name():
     dict(modulus=29),
     dict(sustain_k=2),
   ):
-    names.add(grok.run_file_name(dataclasses.replace(TINY, **change), "A2", 0, "tiny"))
+    names.add(grok_runs.run_file_name(dataclasses.replace(TINY, **change), "A2", 0, "tiny"))
   names |= {
-    grok.run_file_name(TINY, "B2", 0, "tiny"),
-    grok.run_file_name(TINY, "A2", 1, "tiny"),
-    grok.run_file_name(TINY, "A2", 0, "quick"),
+    grok_runs.run_file_name(TINY, "B2", 0, "tiny"),
+    grok_runs.run_file_name(TINY, "A2", 1, "tiny"),
+    grok_runs.run_file_name(TINY, "A2", 0, "quick"),
   }
   assert len(names) == 9
 
 
 _SCRIPT = """
 import sys
-from stiefax.experiments import cli, grok
+from stiefax.experiments import cli
+from stiefax.experiments.grok import config as grok_config
 from tests.harness import TINY_GROK
-grok.PRESETS["tiny"] = dict(config=TINY_GROK, arms=("A2", "B2"), seeds=(0,))
+grok_config.PRESETS["tiny"] = dict(config=TINY_GROK, arms=("A2", "B2"), seeds=(0,))
 sys.exit(cli.main(sys.argv[1:]))
 """
 
@@ -765,7 +770,7 @@ def test_two_processes_on_one_out_keep_every_run(tmp_path):
   logs = [p.communicate(timeout=600)[0] for p in procs]
   assert [p.returncode for p in procs] == [0, 0], logs
   names = sorted(
-    grok.run_file_name(dataclasses.replace(TINY, epochs=40), a, s, "tiny")
+    grok_runs.run_file_name(dataclasses.replace(TINY, epochs=40), a, s, "tiny")
     for a in ("A2",)
     for s in range(4)
   )
@@ -785,8 +790,8 @@ def test_two_processes_on_one_out_keep_every_run(tmp_path):
 def test_quick_preset_keeps_the_paper_model_family():
   changed = {
     f.name
-    for f in dataclasses.fields(grok.GrokConfig)
-    if getattr(grok.QUICK, f.name) != getattr(grok.PAPER, f.name)
+    for f in dataclasses.fields(grok_config.GrokConfig)
+    if getattr(grok_config.QUICK, f.name) != getattr(grok_config.PAPER, f.name)
   }
   assert changed == {
     "modulus",
@@ -797,8 +802,11 @@ def test_quick_preset_keeps_the_paper_model_family():
     "epochs",
     "eval_every",
   }
-  assert (grok.QUICK.b2, grok.QUICK.warmup) == (0.98, 10)  # Power et al., as --stabilize
-  assert grok.PRESETS["quick"]["config"] == grok.QUICK
+  assert (grok_config.QUICK.b2, grok_config.QUICK.warmup) == (
+    0.98,
+    10,
+  )  # Power et al., as --stabilize
+  assert grok_config.PRESETS["quick"]["config"] == grok_config.QUICK
 
 
 @pytest.mark.slow
@@ -809,7 +817,7 @@ def test_acceptance_plain_grok_shows_grokking_and_the_isometry_contrast(tmp_path
   assert cli.main(["grok", "--out", str(out)]) == 0
   text = capsys.readouterr().out
   a2, b2 = (
-    json.loads((out / grok.run_file_name(grok.QUICK, arm, 0, "quick")).read_text())
+    json.loads((out / grok_runs.run_file_name(grok_config.QUICK, arm, 0, "quick")).read_text())
     for arm in ("A2", "B2")
   )
   assert a2["config"]["d_model"] == 128 and a2["config"]["num_layers"] == 2

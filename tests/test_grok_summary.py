@@ -8,9 +8,10 @@ import json
 import pytest
 
 from stiefax.experiments import cli
-from stiefax.experiments import grok
 from stiefax.experiments.grok import collapses
+from stiefax.experiments.grok import config as grok_config
 from stiefax.experiments.grok import quick_seeds
+from stiefax.experiments.grok import runs as grok_runs
 from tests import harness
 
 TINY = harness.TINY_GROK
@@ -44,13 +45,13 @@ def short_run(tmp_path_factory):
   """`stiefax grok --preset tiny --epochs 40 --arms A2`: its output and its record."""
   out = tmp_path_factory.mktemp("short")
   with pytest.MonkeyPatch.context() as mp:
-    mp.setitem(grok.PRESETS, "tiny", dict(config=TINY, arms=("A2",), seeds=(0,)))
+    mp.setitem(grok_config.PRESETS, "tiny", dict(config=TINY, arms=("A2",), seeds=(0,)))
     args = ["grok", "--preset", "tiny", "--epochs", "40", "--arms", "A2", "--out", str(out)]
     with contextlib.redirect_stdout(io.StringIO()) as printed:
       assert cli.main(args) == 0
     text = printed.getvalue()
   config = dataclasses.replace(TINY, epochs=40)
-  record = json.loads((out / grok.run_file_name(config, "A2", 0, "tiny")).read_text())
+  record = json.loads((out / grok_runs.run_file_name(config, "A2", 0, "tiny")).read_text())
   return text, record
 
 
@@ -76,17 +77,17 @@ def test_a_run_ending_inside_a_collapse_says_so(short_run):
     h[k].append(v)
   for k in ("isometry", "isometry_key"):
     h[k] += [h[k][-1]] * 2
-  collapsed = dict(record, history=h, metrics=grok.run_metrics(h, config))
-  text = grok.summary_words([collapsed])
+  collapsed = dict(record, history=h, metrics=grok_config.run_metrics(h, config))
+  text = grok_runs.summary_words([collapsed])
   assert "1 training collapse caught by the evaluations" in text
   assert "from epoch 60" in text
   assert "the run ends inside a collapse (train accuracy 0.270 at epoch 80" in text
   assert "since epoch 60" in text
-  assert "ends inside" not in grok.summary_words([record])
+  assert "ends inside" not in grok_runs.summary_words([record])
 
 
 def test_the_quick_preset_prints_its_figures_over_seeds(monkeypatch):
-  record = {"config": {**dataclasses.asdict(grok.QUICK), "preset": "quick"}}
+  record = {"config": {**dataclasses.asdict(grok_config.QUICK), "preset": "quick"}}
   monkeypatch.setattr(quick_seeds, "FIGURES", ("A2: x", "B2: y"))
   note = quick_seeds.seed_note([record])
   assert note.splitlines()[1:] == ["  A2: x", "  B2: y"]

@@ -256,7 +256,7 @@ def test_bad_settings_are_one_line_errors(tmp_path, capsys, extra, message):
 
 
 def test_best_rate_needs_the_whole_sweep_and_ignores_later_seeds(tmp_path):
-  from stiefax.experiments.cli import CommandError
+  from stiefax.experiments.flags import CommandError
   from stiefax.experiments.lm import command
   from stiefax.experiments.lm import runs as lm_runs
   from stiefax.experiments.store import write_json

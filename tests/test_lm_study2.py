@@ -10,7 +10,7 @@ import pytest
 import stiefax
 from stiefax.experiments import arms
 from stiefax.experiments import optim
-from stiefax.experiments.cli import CommandError
+from stiefax.experiments.flags import CommandError
 from stiefax.experiments.lm import command
 from stiefax.experiments.lm import config as lm_config
 from stiefax.experiments.lm import data

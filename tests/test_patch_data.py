@@ -9,14 +9,15 @@ import tarfile
 import numpy as np
 import pytest
 
-from stiefax.experiments import cli
+from stiefax.experiments import flags
 from stiefax.experiments.patches import data as patch_data
+from stiefax.experiments.patches import images as patch_images
 
 
 def test_cifar_python_folder_and_archive_read_identically(cifar):
-  a = patch_data.load_images(str(cifar["folder"]))
-  b = patch_data.load_images(str(cifar["archive"]))
-  c = patch_data.load_images(str(cifar["folder"].parent))  # the folder above also works
+  a = patch_images.load_images(str(cifar["folder"]))
+  b = patch_images.load_images(str(cifar["archive"]))
+  c = patch_images.load_images(str(cifar["folder"].parent))  # the folder above also works
   assert a.name == b.name == "cifar10-python" and a.train_x.shape == (600, 32, 32, 3)
   np.testing.assert_array_equal(a.train_x, cifar["train_x"])  # official order, HWC
   np.testing.assert_array_equal(a.train_y, cifar["train_y"])
@@ -32,12 +33,12 @@ def test_extract_patches_raster_order():
   np.testing.assert_array_equal(p[0, 0], [0, 1, 4, 5])
   np.testing.assert_array_equal(p[0, 1], [2, 3, 6, 7])  # second patch of the first row
   np.testing.assert_array_equal(p[1, 3], [26, 27, 30, 31])
-  with pytest.raises(cli.CommandError, match="--patch 3"):
+  with pytest.raises(flags.CommandError, match="--patch 3"):
     patch_data.extract_patches(img, 3)
 
 
 def test_whitening_gives_lambda_over_lambda_plus_eps(cifar, tmp_path):
-  images = patch_data.load_images(str(cifar["folder"]))
+  images = patch_images.load_images(str(cifar["folder"]))
   kw = dict(n_train=512, patch=8, d=48, cache_dir=tmp_path)
   data = patch_data.prepare(images, whiten_eps=0.1, **kw)
   w = data.whitening
@@ -80,7 +81,7 @@ def test_whitening_gives_lambda_over_lambda_plus_eps(cifar, tmp_path):
 
 
 def test_whitening_subsample(cifar):
-  images = patch_data.load_images(str(cifar["folder"]))
+  images = patch_images.load_images(str(cifar["folder"]))
   raw = patch_data.contrast_normalize(
     patch_data.extract_patches(images.train_x[:512], 8) / np.float32(255)
   ).reshape(-1, 192)
@@ -128,11 +129,13 @@ def _expected_order(counts, seed):
 
 @pytest.mark.parametrize("seed", [0, 3])
 def test_image_folder_interleaved_order(image_folder, tmp_path, seed):
-  folder = patch_data.load_images(str(image_folder["root"]), order_seed=seed)
-  archive = patch_data.load_images(
+  folder = patch_images.load_images(str(image_folder["root"]), order_seed=seed)
+  archive = patch_images.load_images(
     str(image_folder["archive"]), order_seed=seed, cache_dir=tmp_path
   )
-  cached = patch_data.load_images(str(image_folder["archive"]), order_seed=seed, cache_dir=tmp_path)
+  cached = patch_images.load_images(
+    str(image_folder["archive"]), order_seed=seed, cache_dir=tmp_path
+  )
   assert folder.name == "image-folder" and folder.classes == ("cat", "dog", "frog")
   assert list(tmp_path.glob("images-*.npz"))  # decoded once, then read from the cache
   expected = _expected_order(image_folder["counts"], seed)
@@ -149,7 +152,7 @@ def test_image_folder_interleaved_order(image_folder, tmp_path, seed):
 
 def test_interleaved_order_depends_on_seed():
   labels = np.repeat(np.arange(3), 20)
-  a, b = patch_data.interleaved_order(labels, 0), patch_data.interleaved_order(labels, 1)
+  a, b = patch_images.interleaved_order(labels, 0), patch_images.interleaved_order(labels, 1)
   assert sorted(a) == list(range(60)) and not np.array_equal(a, b)
   np.testing.assert_array_equal(labels[a][:9], [0, 1, 2] * 3)
 
@@ -183,29 +186,29 @@ def test_missing_and_malformed_data_are_one_line_errors(tmp_path, cifar):
     ("badshape", pickle.dumps({b"data": np.zeros((4, 10), np.uint8), b"labels": [0] * 4})),
   ):
     (tmp_path / name).mkdir()
-    for f in patch_data.CIFAR_FILES:
+    for f in patch_images.CIFAR_FILES:
       (tmp_path / name / f).write_bytes(payload)
   (tmp_path / "notest").mkdir()
   for i in range(1, 6):
     src = cifar["folder"] / f"data_batch_{i}"
     (tmp_path / "notest" / src.name).write_bytes(src.read_bytes())
   for name, (path, message) in cases.items():
-    with pytest.raises(cli.CommandError, match=re.escape(message)) as err:
-      patch_data.load_images(str(path))
+    with pytest.raises(flags.CommandError, match=re.escape(message)) as err:
+      patch_images.load_images(str(path))
     assert "\n" not in str(err.value), name
     assert str(path) in str(err.value), name
   # A good path is not an error (control).
-  assert patch_data.load_images(str(cifar["archive"])).train_x.shape[0] == 600
+  assert patch_images.load_images(str(cifar["archive"])).train_x.shape[0] == 600
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "missing-array"])
 def test_damaged_cache_files_are_rebuilt_with_a_notice(
   cifar, image_folder, tmp_path, capsys, damage
 ):
-  images = patch_data.load_images(str(cifar["folder"]))
+  images = patch_images.load_images(str(cifar["folder"]))
   kw = dict(n_train=64, patch=8, d=16, cache_dir=tmp_path, whiten_eps=0.1)
   data = patch_data.prepare(images, **kw)
-  folder = patch_data.load_images(str(image_folder["archive"]), cache_dir=tmp_path)
+  folder = patch_images.load_images(str(image_folder["archive"]), cache_dir=tmp_path)
   files = sorted(tmp_path.glob("*.npz"))
   assert [f.name.split("-")[0] for f in files] == ["images", "patches"]
   for f in files:
@@ -221,7 +224,7 @@ def test_damaged_cache_files_are_rebuilt_with_a_notice(
         np.savez(fh, **arrays)
   capsys.readouterr()
   again = patch_data.prepare(images, **kw)
-  folder_again = patch_data.load_images(str(image_folder["archive"]), cache_dir=tmp_path)
+  folder_again = patch_images.load_images(str(image_folder["archive"]), cache_dir=tmp_path)
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 2 and all("is damaged" in ln and "rebuilding it" in ln for ln in err)
   assert {pathlib.Path(ln.split("cache file ")[1].split(" is damaged")[0]) for ln in err} == set(
@@ -230,5 +233,5 @@ def test_damaged_cache_files_are_rebuilt_with_a_notice(
   np.testing.assert_array_equal(again.train_x, data.train_x)
   np.testing.assert_array_equal(folder_again.train_x, folder.train_x)
   patch_data.prepare(images, **kw)  # the rebuilt files read back silently
-  patch_data.load_images(str(image_folder["archive"]), cache_dir=tmp_path)
+  patch_images.load_images(str(image_folder["archive"]), cache_dir=tmp_path)
   assert capsys.readouterr().err == ""

@@ -8,7 +8,11 @@ import numpy as np
 import pytest
 
 from stiefax.experiments import cli
-from stiefax.experiments import patches
+from stiefax.experiments.patches import config as patches_config
+from stiefax.experiments.patches import model as patches_model
+from stiefax.experiments.patches import runs as patches_runs
+from stiefax.experiments.patches import tables as patches_tables
+from stiefax.experiments.patches import training as patches_training
 
 # A tiny model keeps each training compile to a few seconds.
 TINY = [
@@ -47,9 +51,9 @@ def digits_argv(tmp_path, *args):
 
 
 def test_arm_names_and_aliases():
-  assert patches.arm_by_name("pa16").name == "B2-SGD"
-  assert patches.arm_by_name("b2").name == "B2"
-  assert set(patches.ARMS) == {
+  assert patches_config.arm_by_name("pa16").name == "B2-SGD"
+  assert patches_config.arm_by_name("b2").name == "B2"
+  assert set(patches_config.ARMS) == {
     "A2",
     "A2-orth",
     "B2",
@@ -58,28 +62,31 @@ def test_arm_names_and_aliases():
     "elementwise",
     "grassmann",
     "soft",
-    *patches.OPTIMIZER_ARMS,
-    *patches.LOGIT_ARMS,
+    *patches_config.OPTIMIZER_ARMS,
+    *patches_config.LOGIT_ARMS,
   }
-  assert set(patches.OPTIMIZER_ARMS) == {"B2-mmuon", "A2-muon", "B2-qr", "B2-cayley"}
-  setting = patches.Setting(n_train=10_000, epochs=40)
+  assert set(patches_config.OPTIMIZER_ARMS) == {"B2-mmuon", "A2-muon", "B2-qr", "B2-cayley"}
+  setting = patches_config.Setting(n_train=10_000, epochs=40)
   assert setting.steps_per_epoch == 40 and setting.total_steps == 1600
   assert setting.warmup_steps == 200
-  assert patches.arm_hparams(patches.ARMS["elementwise"], setting, None)["riemannian_lr"] == 0.03
-  assert patches.arm_hparams(patches.ARMS["A2"], setting, 3e-3)["adamw_lr"] == 3e-3
-  assert patches.arm_hparams(patches.ARMS["soft"], setting, None)["penalty"] == 0.1
+  assert (
+    patches_config.arm_hparams(patches_config.ARMS["elementwise"], setting, None)["riemannian_lr"]
+    == 0.03
+  )
+  assert patches_config.arm_hparams(patches_config.ARMS["A2"], setting, 3e-3)["adamw_lr"] == 3e-3
+  assert patches_config.arm_hparams(patches_config.ARMS["soft"], setting, None)["penalty"] == 0.1
 
 
 def test_non_frame_init_is_shared_across_arms():
   import jax
 
-  setting = patches.Setting(n_train=8, epochs=1, d=16, heads=4, head_dim=4, mlp_ratio=1)
-  model = patches.make_model(setting, 4, 10)
-  init = patches.model.programs(setting, 4, 10).init  # the jitted init the trainers share
-  a2 = patches.init_params(model, patches.ARMS["A2"], 0, 4, 16, init)
-  b2 = patches.init_params(model, patches.ARMS["B2"], 0, 4, 16, init)
-  a2_other = patches.init_params(model, patches.ARMS["A2"], 1, 4, 16, init)
-  frames = set(patches.frame_paths(a2))
+  setting = patches_config.Setting(n_train=8, epochs=1, d=16, heads=4, head_dim=4, mlp_ratio=1)
+  model = patches_model.make_model(setting, 4, 10)
+  init = patches_training.programs(setting, 4, 10).init  # the jitted init the trainers share
+  a2 = patches_training.init_params(model, patches_config.ARMS["A2"], 0, 4, 16, init)
+  b2 = patches_training.init_params(model, patches_config.ARMS["B2"], 0, 4, 16, init)
+  a2_other = patches_training.init_params(model, patches_config.ARMS["A2"], 1, 4, 16, init)
+  frames = set(patches_model.frame_paths(a2))
   assert len(frames) == 2  # query and key kernels
   for i, (x, y, z) in enumerate(zip(*(jax.tree.leaves(t) for t in (a2, b2, a2_other)))):
     if i in frames:
@@ -123,7 +130,7 @@ def test_cli_paired_seeds_and_report(cifar, tmp_path, capsys):
   ]
   runs = [json.loads((out / f).read_text()) for f in files]
   for r, f in zip(runs, files):
-    assert patches.config_hash(r["config"]) in f
+    assert patches_runs.config_hash(r["config"]) in f
     assert r["command"].startswith("stiefax patches ") and f"--seeds {r['seed']}" in r["command"]
     assert set(r["code"]) == {"version", "commit", "dirty"}
   for r in runs:
@@ -144,7 +151,7 @@ def test_cli_paired_seeds_and_report(cifar, tmp_path, capsys):
   assert by[("A2", 0)]["metrics"]["isometry"] > 1e-2  # Xavier frames are not orthonormal
   assert by[("B2", 0)]["config"]["riemannian_lr"] == 1.0
   assert by[("A2", 0)]["config"]["adamw_lr"] == 1e-2
-  text = patches.report(runs, tmp_path / "report")
+  text = patches_tables.report(runs, tmp_path / "report")
   table = [line for line in text.splitlines() if "plot:" not in line]
   assert "Δ vs A2 pp" in text and all(line in printed for line in table)
   diffs = [
@@ -171,7 +178,7 @@ def test_cli_paired_seeds_and_report(cifar, tmp_path, capsys):
   assert cmd[:2] == ["stiefax", "patches"]
   assert cli.main([*cmd[1:], "--cache", str(tmp_path / "cache"), "--no-progress"]) == 0
   (rerun,) = [json.loads(p.read_text()) for p in again.glob("*.json")]
-  assert patches.run_identity(rerun["config"]) == patches.run_identity(rec["config"])
+  assert patches_runs.run_identity(rerun["config"]) == patches_runs.run_identity(rec["config"])
   assert rerun["metrics"]["test_acc"] == rec["metrics"]["test_acc"]
 
 
@@ -290,7 +297,7 @@ def test_report_tables_from_runs(tmp_path):
   runs += [_fake("B2", s, b) for s, b in enumerate(b2)]
   runs += [_fake("frozen", s, a - 0.01 * (s % 2)) for s, a in enumerate(a2)]
   runs.append({"experiment": "grok", "arm": "A2"})  # other experiments are ignored
-  text = patches.report(runs, tmp_path)
+  text = patches_tables.report(runs, tmp_path)
   b2_row = next(line for line in text.splitlines() if line.startswith("B2 "))
   t = sps.ttest_rel(np.array(b2) * 100, np.array(a2) * 100).statistic
   diff = 100 * np.mean(np.array(b2) - np.array(a2))
@@ -313,14 +320,14 @@ def test_report_tables_from_runs(tmp_path):
     for e in (1e-8, 1e-1)
     for s in range(3)
   ]
-  text = patches.report(sweep + eps_runs, tmp_path)
+  text = patches_tables.report(sweep + eps_runs, tmp_path)
   rows = {line.split()[0]: line for line in text.splitlines() if line[:1].isdigit()}
   assert "31.00 ± 0.82" in rows["1000"] and "+2.00" in rows["1000"]
   assert "+10.00" in rows["5000"] and "3/3" in rows["5000"]
   assert "[+1.80, +2.20]" in rows["1000"]  # paired diffs 1.8, 2.0, 2.2: CI spans min..max
   assert "-2.60" in rows["1e-01"] and "0/3" in rows["1e-01"]
   assert (tmp_path / "patches_sweep_n.png").is_file()
-  assert patches.report([], tmp_path) == "patches: no runs"
+  assert patches_tables.report([], tmp_path) == "patches: no runs"
 
 
 def test_report_separates_settings_and_knobs_and_pairs_the_contrasts(tmp_path):
@@ -346,7 +353,7 @@ def test_report_separates_settings_and_knobs_and_pairs_the_contrasts(tmp_path):
     r = fake("soft", 0, acc)
     r["config"]["penalty"] = lam
     runs.append(r)
-  text = patches.report(runs, tmp_path)
+  text = patches_tables.report(runs, tmp_path)
   titles = [line for line in text.splitlines() if line.startswith("patches (run)")]
   assert len(titles) == 2 and any("depth=2" in t and "adamw_lr=0.001" in t for t in titles)
   # One row per lambda, labelled by it.
@@ -384,13 +391,13 @@ def test_eps_probe_uses_the_main_study_as_its_reference(tmp_path):
   main = [_fake("B2", s, 0.43 + 0.01 * s) for s in range(3)]
   main += [_fake("A2", s, 0.36) for s in range(3)]
   probe = [_fake("B2", s, 0.40 + 0.01 * s + 0.001 * s, "sweep-eps", eps=1e-1) for s in range(3)]
-  text = patches.report(main + probe, tmp_path)
+  text = patches_tables.report(main + probe, tmp_path)
   rows = {line.split()[0]: line for line in text.splitlines() if line.startswith("1e-")}
   assert rows["1e-08"].split()[1] == "3" and "-2.90" in rows["1e-01"]
   assert "0/3" in rows["1e-01"] and (tmp_path / "patches_sweep_eps_B2.png").is_file()
   assert "the smallest here" not in text
   # Without the main study, the smallest eps of the probe is the baseline, and it says so.
-  alone = patches.report(
+  alone = patches_tables.report(
     probe + [_fake("B2", s, 0.42, "sweep-eps", eps=1e-6) for s in range(3)], tmp_path
   )
   assert "Δ vs 1e-06 pp" in alone
@@ -402,14 +409,14 @@ def test_optimizer_family_arms_run_end_to_end_on_digits(tmp_path, capsys):
   out = tmp_path / "runs"
   argv = digits_argv(
     tmp_path,
-    *("--arms", ",".join(patches.OPTIMIZER_ARMS), "--seeds", "0", "--epochs", "3"),
+    *("--arms", ",".join(patches_config.OPTIMIZER_ARMS), "--seeds", "0", "--epochs", "3"),
     *("--n-train", "256", "--select-lr", "--n-val", "128"),
     *("--grid", "B2-mmuon=0.02:0.05,A2-muon=0.02,B2-qr=1.0,B2-cayley=1.0"),
   )
   assert cli.main(argv) == 0
   runs = [json.loads(p.read_text()) for p in out.glob("run-*.json")]
   by_arm = {r["arm"]: r for r in runs}
-  assert set(by_arm) == set(patches.OPTIMIZER_ARMS)
+  assert set(by_arm) == set(patches_config.OPTIMIZER_ARMS)
   for name, r in by_arm.items():
     assert r["metrics"]["test_acc"] > 0.2, name  # chance is 0.1
     assert np.isfinite(r["history"]["train_loss"][-1])
@@ -439,7 +446,7 @@ def test_optimizer_family_arms_are_paired_with_b2(tmp_path):
   runs += [_fake("B2", s, 0.46 + 0.001 * s) for s in range(3)]
   runs += [_fake("B2-qr", s, 0.47 + 0.002 * s) for s in range(3)]
   runs += [_fake("A2-muon", s, 0.44) for s in range(2)]
-  text = patches.report(runs, tmp_path)
+  text = patches_tables.report(runs, tmp_path)
   qr = next(line for line in text.splitlines() if line.startswith("QR retraction"))
   assert "B2-qr - B2" in qr and "+1.10" in qr and "3/3" in qr
   muon = next(line for line in text.splitlines() if line.startswith("Muon, free frames"))
@@ -460,10 +467,10 @@ def test_attention_probe_table_and_figure_take_a_later_copy_for_runs_without_it(
   first = [_fake("A2", s, 0.36 + 0.01 * s) for s in range(2)]
   again = [_probed("A2", s, 0.37, (20.0, 30.0 + s), (1.5, 1.0)) for s in range(2)]
   qk = [_probed("A2-qknorm", s, 0.37 + 0.01 * s, (5.0, 10.0 + 2 * s), (2.0, 1.2)) for s in range(2)]
-  text = patches.report(first + qk, tmp_path / "alone")
+  text = patches_tables.report(first + qk, tmp_path / "alone")
   rows = {ln.split()[2]: ln.split() for ln in text.splitlines() if ln.startswith("1      0.01")}
   assert set(rows) == {"A2-qknorm"} and rows["A2-qknorm"][4:7] == ["11.0", "12.0", "1.200"]
-  text = patches.report(first + qk, tmp_path, again=again)
+  text = patches_tables.report(first + qk, tmp_path, again=again)
   rows = {ln.split()[2]: ln.split() for ln in text.splitlines() if ln.startswith("1      0.01")}
   assert rows["A2"][3:5] == ["2", "(2"] and rows["A2"][6:9] == ["30.5", "31.0", "1.000"]
   a2 = next(ln for ln in text.splitlines() if ln.startswith("A2 "))

@@ -22,8 +22,10 @@ import pytest
 
 from stiefax.experiments import cli
 from stiefax.experiments import flags
-from stiefax.experiments import grok
 from stiefax.experiments import store
+from stiefax.experiments.grok import command as grok_command
+from stiefax.experiments.grok import config as grok_config
+from stiefax.experiments.grok import runs as grok_runs
 from stiefax.experiments.patches import command as patches_command
 from stiefax.experiments.patches import config
 from stiefax.experiments.patches import protocols
@@ -116,21 +118,25 @@ def test_the_golden_cases_cover_every_arm_and_protocol():
   assert {c["protocol"] for c in GOLDEN["patches"]} == {"run", "select-lr", "sweep-n", "sweep-eps"}
   assert {_parse(c["command"]).arms for c in GOLDEN["patches"]} == set(config.ARMS)
   assert {c["name"].split("-")[0] for c in GOLDEN["grok"]} >= {"A2", "B2"}
-  assert {_parse(c["command"]).arms for c in GOLDEN["grok"]} == set(grok.ARMS)
+  assert {_parse(c["command"]).arms for c in GOLDEN["grok"]} == set(grok_config.ARMS)
 
 
 @pytest.mark.parametrize("i", range(len(GOLDEN["grok"])))
 def test_grok_names_ids_and_commands_are_unchanged(i):
   case = GOLDEN["grok"][i]
   args = _parse(case["command"])
-  config, (arm,), (seed,) = grok.resolve_config(args)
-  assert grok.run_file_name(config, arm, seed, args.preset, args.stabilize) == case["name"]
-  assert store.digest(grok.run_identity(config, arm, args.preset)) == case["run_id"]
+  config, (arm,), (seed,) = grok_command.resolve_config(args)
+  assert grok_runs.run_file_name(config, arm, seed, args.preset, args.stabilize) == case["name"]
+  assert store.digest(grok_runs.run_identity(config, arm, args.preset)) == case["run_id"]
   assert (
-    grok.run_command(config, arm, seed, args.preset, args.stabilize, args.out) == (case["command"])
+    grok_runs.run_command(config, arm, seed, args.preset, args.stabilize, args.out)
+    == (case["command"])
   )
 
 
 def test_the_paper_grok_runs_keep_their_files():
   """The paper-scale study's runs (and their checkpoints, ``<run>.ckpt``)."""
-  assert grok.run_file_name(grok.PAPER, "A2", 0, "paper") == "A2-paper-e20000-b229e9d2-s0.json"
+  assert (
+    grok_runs.run_file_name(grok_config.PAPER, "A2", 0, "paper")
+    == "A2-paper-e20000-b229e9d2-s0.json"
+  )

@@ -92,7 +92,7 @@ class Arm:
   qk_input: str = "gained"
   frame_gain: bool = False
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     if self.qk_input not in QK_INPUTS:
       raise ValueError(
         f"Arm {self.name!r}: qk_input={self.qk_input!r}; choose from {', '.join(QK_INPUTS)}"

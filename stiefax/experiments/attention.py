@@ -68,7 +68,7 @@ SIGMA_COLLECTION = "sigma_reparam"
 _INIT_POWER_STEPS = 100
 
 
-def _normalize(x):
+def _normalize(x: jax.Array) -> jax.Array:
   return x / jnp.maximum(jnp.linalg.norm(x), jnp.finfo(x.dtype).tiny)
 
 
@@ -104,7 +104,7 @@ class SigmaReparamDense(nn.Module):
   use_bias: bool = True
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x: jax.Array) -> jax.Array:
     d = x.shape[-1]
     # As Flax's DenseGeneral: the init sees the (d, prod(features)) matrix.
     kernel = self.param(
@@ -127,7 +127,7 @@ class SigmaReparamDense(nn.Module):
     return y
 
 
-def _contract(x, kernel):
+def _contract(x: jax.Array, kernel: jax.Array) -> jax.Array:
   return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
 
 
@@ -145,7 +145,7 @@ class SigmaReparamAttention(nn.Module):
   deterministic: bool = True
 
   @nn.compact
-  def __call__(self, x, mask: Optional[jax.Array] = None):
+  def __call__(self, x: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
     h = self.num_heads
     r = self.qkv_features // h
     q = SigmaReparamDense((h, r), self.kernel_init, name="query")(x)
@@ -157,7 +157,7 @@ class SigmaReparamAttention(nn.Module):
     )(y)
 
 
-def attention_module(attention: str, **kwargs) -> nn.Module:
+def attention_module(attention: str, **kwargs: Any) -> nn.Module:
   """The attention layer of variant ``attention`` (:data:`ATTENTION`).
 
   ``kwargs`` are those of Flax ``MultiHeadDotProductAttention`` (``num_heads``,
@@ -177,7 +177,7 @@ def has_state(variables: Any) -> bool:
   return isinstance(variables, dict) and SIGMA_COLLECTION in variables
 
 
-def apply_train(model: nn.Module, variables: Any, *args, **kwargs) -> tuple[Any, Any]:
+def apply_train(model: nn.Module, variables: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
   """``(output, state)``: a training forward pass and the state it leaves.
 
   ``state`` is the ``sigma_reparam`` collection after one power-iteration step, or
@@ -196,10 +196,10 @@ def with_state(variables: Any, state: Any) -> Any:
   return {**variables, SIGMA_COLLECTION: state}
 
 
-def freeze_state(tx):
+def freeze_state(tx: optax.GradientTransformation) -> optax.GradientTransformation:
   """``tx`` on the trained variables, ``optax.set_to_zero`` on the state collection."""
 
-  def labels(variables):
+  def labels(variables: Any) -> dict[str, str]:
     return {k: ("state" if k == SIGMA_COLLECTION else "train") for k in variables}
 
   return optax.partition({"train": tx, "state": optax.set_to_zero()}, labels)
@@ -223,9 +223,9 @@ def _captured(tree: Any, prefix: tuple = ()) -> dict:
 def probe(
   model: nn.Module,
   variables: Any,
-  *args,
+  *args: Any,
   causal: bool = False,
-  **kwargs,
+  **kwargs: Any,
 ) -> dict[str, jax.Array]:
   """``{"max_logit", "entropy"}`` of every attention layer of ``model`` on one batch.
 
@@ -264,6 +264,6 @@ def probe(
 
 
 @functools.lru_cache(maxsize=32)
-def probe_fn(model: nn.Module, causal: bool = False):
+def probe_fn(model: nn.Module, causal: bool = False) -> Callable[..., dict[str, jax.Array]]:
   """Jitted ``(variables, x) -> probe(model, variables, x)``."""
   return jax.jit(lambda v, x: probe(model, v, x, causal=causal))

@@ -15,11 +15,13 @@ import os
 import pathlib
 import sys
 import time
+from typing import Any
+from typing import Sequence
 
 from stiefax import certificates
 from stiefax.experiments import store
-from stiefax.experiments.cli import CommandError
-from stiefax.experiments.cli import check_seeds
+from stiefax.experiments.flags import CommandError
+from stiefax.experiments.flags import check_seeds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   )
 
 
-def format_table(results) -> str:
+def format_table(results: Sequence[Any]) -> str:
   """The certificates as a fixed-width text table."""
   header = (
     f"{'check':32s} {'proposition':12s} {'residual':>10s} {'tolerance':>10s}"

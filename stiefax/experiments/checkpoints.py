@@ -16,7 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from stiefax.experiments import store
-from stiefax.experiments.cli import CommandError
+from stiefax.experiments.flags import CommandError
 
 __all__ = ["Checkpoints", "DamagedCheckpoint", "set_aside"]
 
@@ -35,7 +35,7 @@ def _short(e: BaseException, limit: int = 120) -> str:
   return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def tree_digest(tree) -> str:
+def tree_digest(tree: Any) -> str:
   """SHA-256 of the bytes, shapes and dtypes of the leaves of ``tree`` (in tree order)."""
   h = hashlib.sha256()
   for leaf in jax.tree.leaves(jax.device_get(tree)):
@@ -67,7 +67,7 @@ class Checkpoints:
     self.directory = pathlib.Path(os.path.abspath(directory))  # absolute, links kept
     self._manager = None
 
-  def _open(self):
+  def _open(self) -> ocp.CheckpointManager:
     problem = store.not_a_folder(self.directory)
     if problem is not None:
       raise DamagedCheckpoint(self.directory, problem)
@@ -93,7 +93,7 @@ class Checkpoints:
       self.close()
       raise DamagedCheckpoint(self.directory, _short(e)) from None
 
-  def save(self, epoch: int, params, opt_state, meta: dict) -> None:
+  def save(self, epoch: int, params: Any, opt_state: Any, meta: dict) -> None:
     """Saves a checkpoint; a failure (a full disk) is one ``CommandError`` line.
 
     A failed save leaves no temporary folder behind, and the previous checkpoint.
@@ -128,7 +128,7 @@ class Checkpoints:
         with contextlib.suppress(OSError):
           shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
 
-  def restore(self, epoch: int, params, opt_state) -> tuple[Any, Any, dict]:
+  def restore(self, epoch: int, params: Any, opt_state: Any) -> tuple[Any, Any, dict]:
     """``(params, opt_state, meta)`` saved at ``epoch``; ``params``, ``opt_state``
     give the tree structure, shapes and dtypes. ``DamagedCheckpoint`` if it cannot be
     read back whole or its arrays differ from the digest saved with them."""

@@ -1,6 +1,7 @@
 """The ``stiefax`` command: ``stiefax <command> [options]``.
 
-Each command lives in its own module of :mod:`stiefax.experiments`, which defines
+Each command lives in its own module of :mod:`stiefax.experiments` (an experiment's,
+``<experiment>.command``: :mod:`stiefax.experiments.protocol`), which defines
 ``add_arguments(parser)`` and ``run(args) -> int``; it is imported only when used, by
 its name in :data:`COMMANDS`, so ``stiefax --help`` imports no command (and neither
 jax, flax nor optax). A :class:`CommandError` raised by a command prints one
@@ -17,20 +18,23 @@ import argparse
 import importlib
 import importlib.util
 import os
-import pathlib
 import signal
 import sys
-import tempfile
 import threading
+from types import FrameType
+from typing import Any
+from typing import Optional
 from typing import Sequence
 
 from stiefax import __version__
+from stiefax.experiments.flags import CommandError
+from stiefax.experiments.flags import os_error
 
 # name -> (module, one-line help). Order is the order of `stiefax --help`.
 COMMANDS = {
-  "grok": ("stiefax.experiments.grok", "modular-arithmetic grokking (paper 4.3, 4.4)"),
-  "patches": ("stiefax.experiments.patches", "image-patch benchmark (paper 3.3, 4.1-4.7)"),
-  "lm": ("stiefax.experiments.lm", "decoder LM on real text: learning-rate sensitivity"),
+  "grok": ("stiefax.experiments.grok.command", "modular-arithmetic grokking (paper 4.3, 4.4)"),
+  "patches": ("stiefax.experiments.patches.command", "image-patch benchmark (paper 3.3, 4.1-4.7)"),
+  "lm": ("stiefax.experiments.lm.command", "decoder LM on real text: learning-rate sensitivity"),
   "report": ("stiefax.experiments.report", "tables and plots from a results directory"),
   "certify": ("stiefax.experiments.certify", "float64 certificates of the propositions"),
   "equivariance": ("stiefax.experiments.equivariance", "O(d)-equivariance table (paper Table 9)"),
@@ -50,49 +54,6 @@ EXPERIMENTS_EXTRA = {
 
 #: What the one-line error of a command run without the ``experiments`` extra advises.
 INSTALL_EXTRA = 'pip install "stiefax[experiments]"'
-
-
-class CommandError(Exception):
-  """A user error: printed as one line, exit status 2."""
-
-
-#: Seeds are 32-bit: ``jax.random.key`` and NumPy take seeds in [0, SEED_LIMIT).
-SEED_LIMIT = 2**32
-
-
-def check_seeds(seeds: Sequence[int], flag: str) -> list[int]:
-  """``seeds`` as a list, or a ``CommandError`` naming ``flag`` if one is outside [0, 2**32)."""
-  bad = [s for s in seeds if not 0 <= s < SEED_LIMIT]
-  if bad:
-    raise CommandError(f"{flag} {bad[0]}: seeds must be non-negative integers below 2**32.")
-  return list(seeds)
-
-
-def writable_dir(path, what: str) -> pathlib.Path:
-  """Creates ``path`` if needed and checks that a file can be written there.
-
-  Raises:
-    CommandError: ``"<what> <path>: cannot write there (<reason>)."``; also for an
-      empty path (which would mean the current folder) and for a file.
-  """
-  if not str(path).strip():
-    raise CommandError(f"{what} is empty; name a folder (e.g. {what} runs).")
-  out = pathlib.Path(path)
-  if out.exists() and not out.is_dir():
-    raise CommandError(f"{what} {path}: is a file, not a folder.")
-  try:
-    out.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
-      pass
-  except OSError as e:
-    raise CommandError(f"{what} {path}: cannot write there ({e.strerror or e}).") from None
-  return out
-
-
-def os_error(e: OSError) -> str:
-  """An ``OSError`` as one line: ``"<file>: <reason>"``."""
-  where = f"{e.filename}: " if e.filename else ""
-  return f"{where}{e.strerror or ' '.join(str(e).split())}"
 
 
 def _available() -> dict:
@@ -149,7 +110,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
-def _dispatch(parser, parsers, name, argv, as_program) -> int:
+def _dispatch(
+  parser: argparse.ArgumentParser,
+  parsers: dict,
+  name: Optional[str],
+  argv: list[str],
+  as_program: bool,
+) -> int:
   if name in parsers:
     sub_parser, module = parsers[name]
     mod = importlib.import_module(module)
@@ -183,12 +150,12 @@ class _Terminated(KeyboardInterrupt):
   signum = signal.SIGTERM
 
 
-def _raise_terminated(signum, frame):
+def _raise_terminated(signum: int, frame: Optional[FrameType]) -> None:
   del signum, frame
   raise _Terminated
 
 
-def _terminate_as_interrupt():
+def _terminate_as_interrupt() -> Any:
   """Makes SIGTERM raise like Ctrl-C while a command runs (main thread only)."""
   if threading.current_thread() is not threading.main_thread():
     return None
@@ -204,7 +171,7 @@ def _quiet_exit_on_signal() -> None:
   if threading.current_thread() is not threading.main_thread():
     return
 
-  def leave(signum, frame):
+  def leave(signum: int, frame: Optional[FrameType]) -> None:
     del frame
     sys.stdout.flush()
     sys.stderr.flush()

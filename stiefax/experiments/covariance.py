@@ -41,8 +41,8 @@ from stiefax import elr
 from stiefax.experiments import optim
 from stiefax.experiments import store
 from stiefax.experiments.arms import ARMS
-from stiefax.experiments.cli import CommandError
-from stiefax.experiments.cli import check_seeds
+from stiefax.experiments.flags import CommandError
+from stiefax.experiments.flags import check_seeds
 
 #: name -> (label, factory). Adam-type rules use eps = 0 so that loss scaling is exact.
 OPTIMIZERS: dict[str, tuple[str, Callable[[], optax.GradientTransformation]]] = {

@@ -18,8 +18,8 @@ import optax
 from stiefax.diagnostics import equivariance_violation
 from stiefax.experiments import optim
 from stiefax.experiments.arms import ARMS
-from stiefax.experiments.cli import CommandError
-from stiefax.experiments.cli import check_seeds
+from stiefax.experiments.flags import CommandError
+from stiefax.experiments.flags import check_seeds
 
 #: Violations below this are float64 rounding: the update is equivariant.
 EQUIVARIANT_BELOW = 1e-10

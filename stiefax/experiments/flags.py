@@ -1,24 +1,89 @@
-"""Parsers of the commands' flag values, each error one ``CommandError`` line.
+"""The commands' user errors and the checks of their flags, each error one line.
 
-:func:`parse_arms` and :func:`parse_seeds` read ``--arms`` and ``--seeds`` of the
-commands that train arms over seeds (``stiefax grok``, ``stiefax lm``);
-:func:`floats`, :func:`ints` and :func:`knob` read lists of numbers and rates
-(``stiefax patches``).
+A :class:`CommandError` raised by a command is printed by the ``stiefax`` command as
+``stiefax <command>: error: ...`` (exit status 2, no traceback). Every command and
+every module it uses raises it from here; :mod:`stiefax.experiments.cli`, the entry
+point, only catches it.
+
+:func:`check_seeds` and :func:`writable_dir` check seeds and output folders;
+:func:`optimizer_problem` checks an optimizer setting against the range the stiefax
+optimizers themselves enforce; :func:`parse_arms` and :func:`parse_seeds` read
+``--arms`` and ``--seeds`` of the commands that train arms over seeds (``stiefax
+grok``, ``stiefax lm``); :func:`floats`, :func:`ints` and :func:`knob` read lists of
+numbers and rates (``stiefax patches``).
 """
 
 from __future__ import annotations
 
 import math
+import os
+import pathlib
+import tempfile
+from typing import Callable
 from typing import Mapping
 from typing import Optional
 from typing import Sequence
 
+import stiefax
 from stiefax.experiments import arms as arms_lib
 from stiefax.experiments.arms import Arm
-from stiefax.experiments.cli import CommandError
-from stiefax.experiments.cli import check_seeds
 
-__all__ = ["parse_arms", "parse_seeds", "floats", "ints", "knob"]
+__all__ = [
+  "CommandError",
+  "SEED_LIMIT",
+  "check_seeds",
+  "writable_dir",
+  "os_error",
+  "optimizer_problem",
+  "parse_arms",
+  "parse_seeds",
+  "floats",
+  "ints",
+  "knob",
+]
+
+
+class CommandError(Exception):
+  """A user error: printed as one line, exit status 2."""
+
+
+#: Seeds are 32-bit: ``jax.random.key`` and NumPy take seeds in [0, SEED_LIMIT).
+SEED_LIMIT = 2**32
+
+
+def check_seeds(seeds: Sequence[int], flag: str) -> list[int]:
+  """``seeds`` as a list, or a ``CommandError`` naming ``flag`` if one is outside [0, 2**32)."""
+  bad = [s for s in seeds if not 0 <= s < SEED_LIMIT]
+  if bad:
+    raise CommandError(f"{flag} {bad[0]}: seeds must be non-negative integers below 2**32.")
+  return list(seeds)
+
+
+def writable_dir(path: str | os.PathLike[str], what: str) -> pathlib.Path:
+  """Creates ``path`` if needed and checks that a file can be written there.
+
+  Raises:
+    CommandError: ``"<what> <path>: cannot write there (<reason>)."``; also for an
+      empty path (which would mean the current folder) and for a file.
+  """
+  if not str(path).strip():
+    raise CommandError(f"{what} is empty; name a folder (e.g. {what} runs).")
+  out = pathlib.Path(path)
+  if out.exists() and not out.is_dir():
+    raise CommandError(f"{what} {path}: is a file, not a folder.")
+  try:
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
+      pass
+  except OSError as e:
+    raise CommandError(f"{what} {path}: cannot write there ({e.strerror or e}).") from None
+  return out
+
+
+def os_error(e: OSError) -> str:
+  """An ``OSError`` as one line: ``"<file>: <reason>"``."""
+  where = f"{e.filename}: " if e.filename else ""
+  return f"{where}{e.strerror or ' '.join(str(e).split())}"
 
 
 def parse_arms(
@@ -101,3 +166,39 @@ def knob(text: str, flag: str) -> float:
   if not math.isfinite(v) or v < 0:
     raise CommandError(f"{flag}: rates must be finite and >= 0, got {text!r}")
   return v
+
+
+# Which public optimizer takes each setting: building it with the value runs the
+# optimizer's own range check, so a flag has exactly the range of its optimizer.
+_TAKES: dict[str, Callable[[float], object]] = {
+  "learning_rate": lambda v: stiefax.riemannian_adam(v),
+  "b1": lambda v: stiefax.riemannian_adam(1.0, b1=v),
+  "b2": lambda v: stiefax.riemannian_adam(1.0, b2=v),
+  "eps": lambda v: stiefax.riemannian_adam(1.0, eps=v),
+  "max_norm": lambda v: stiefax.riemannian_adam(1.0, max_norm=v),
+  "weight_decay": lambda v: stiefax.stiefel_adamw(1e-3, weight_decay=v),
+}
+
+
+def optimizer_problem(arg: str, value: float) -> Optional[str]:
+  """``"must be <range>, got <value>"`` if the stiefax optimizers refuse ``value`` for
+  their argument ``arg`` (``learning_rate``, ``b1``, ``b2``, ``eps``, ``max_norm`` or
+  ``weight_decay``); ``None`` if they take it.
+
+  The optimizer is built with the value (nothing is traced or compiled) and its
+  one-line ``ValueError``, e.g. ``"stiefax.riemannian_adam: b1 must be in [0, 1), got
+  1.5."``, gives the words: the ranges are written once, in the optimizers.
+
+  >>> optimizer_problem("b1", 1.5)
+  'must be in [0, 1), got 1.5'
+  >>> optimizer_problem("b1", 0.9) is None
+  True
+  """
+  try:
+    _TAKES[arg](value)
+  except ValueError as e:
+    _, found, problem = str(e).partition(f": {arg} ")
+    if not found:
+      raise
+    return problem.removesuffix(".")
+  return None

@@ -61,7 +61,7 @@ def decay_mask(params: Any) -> Any:
   return layouts.decay_mask(params)
 
 
-def frame_rule(arm: Arm, h: Hyper):
+def frame_rule(arm: Arm, h: Hyper) -> optax.GradientTransformation:
   """The arm's transform for W_Q, W_K (an ``optax.GradientTransformation``)."""
   rule, opts = arm.frames, dict(arm.options)
   where: dict = {} if h.frames is None else {"frames": h.frames}
@@ -88,7 +88,7 @@ def frame_rule(arm: Arm, h: Hyper):
   raise ValueError(f"arm {arm.name!r}: frames={rule!r} is trained by AdamW, not a frame rule")
 
 
-def make_optimizer(arm: Arm, h: Hyper):
+def make_optimizer(arm: Arm, h: Hyper) -> optax.GradientTransformation:
   """The arm's optimizer for a whole model (an ``optax.GradientTransformation``).
 
   A σReparam arm's variables hold a non-trained state collection, which the optimizer
@@ -100,7 +100,7 @@ def make_optimizer(arm: Arm, h: Hyper):
   return tx
 
 
-def _make_optimizer(arm: Arm, h: Hyper):
+def _make_optimizer(arm: Arm, h: Hyper) -> optax.GradientTransformation:
   if not arm.apart:
     return optax.adamw(
       h.adamw_lr,

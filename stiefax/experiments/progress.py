@@ -17,7 +17,7 @@ def progress_bar(
   enabled: bool = True,
   initial: int = 0,
   leave: bool = False,
-):
+) -> tqdm:
   """The commands' progress bar (``tqdm``, on stderr): advance it with ``update(n)``.
 
   ``enabled=False`` gives a bar that prints nothing (``--no-progress``).

@@ -1,18 +1,19 @@
 """Tables and plots from results directories: ``stiefax report DIR [DIR ...]``.
 
 Reads every ``*.json`` run under each DIR (recursively, in the order given), groups the
-runs by their ``"experiment"`` field and hands each group to
-``stiefax.experiments.<experiment>.report(runs, out_dir) -> str``, which returns the
-table text (printed here) and writes PNG plots into ``--plots`` (default: the first DIR).
+runs by their ``"experiment"`` field and hands each group to the experiment's report,
+``stiefax.experiments.<experiment>.tables.report(runs, out_dir) -> str``
+(:mod:`stiefax.experiments.protocol`), which returns the table text (printed here) and
+writes PNG plots into ``--plots`` (default: the first DIR).
 JSON files without an ``"experiment"`` field are not runs and are skipped (one whose
 ``"experiment"`` is not a string, with a warning). A run file
 that cannot be read, or lacks a field its report needs, is skipped with a one-line
 warning that names it; two files holding the same run (same configuration and seed)
 count once: the first one found is reported, and the reruns table at the end says how
 far apart the copies ended (a report that takes ``again=`` also receives the second
-copies, e.g. for what only the later copy recorded). An experiment module may define
-``check_run(run) -> str | None`` (what is missing) and ``run_key(run)`` (what makes two
-files the same run).
+copies, e.g. for what only the later copy recorded). Each experiment's ``runs`` module
+says what a run lacks (``check_run(run) -> str | None``) and what makes two files the
+same run (``run_key(run)``).
 
 Examples:
   stiefax report runs/grok
@@ -23,7 +24,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import importlib
 import inspect
 import math
 import pathlib
@@ -34,10 +34,11 @@ from typing import Mapping
 from typing import Optional
 from typing import Sequence
 
+from stiefax.experiments import protocol
 from stiefax.experiments import stats
 from stiefax.experiments import store
-from stiefax.experiments.cli import CommandError
-from stiefax.experiments.cli import writable_dir
+from stiefax.experiments.flags import CommandError
+from stiefax.experiments.flags import writable_dir
 
 try:  # optional: without matplotlib the reports print their tables and write no plots
   import matplotlib
@@ -52,8 +53,6 @@ __all__ = [
   "add_arguments",
   "run",
   "load_runs",
-  "check_run",
-  "run_key",
   "rerun_table",
   # the pieces the experiments' reports share
   "num",
@@ -86,27 +85,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 _RUN_FIELDS = {"arm": str, "seed": int, "config": dict, "metrics": dict}
 
 
-def check_run(run: dict, module=None) -> str | None:
+def _problem(run: dict, experiment: str) -> Optional[str]:
   """What keeps ``run`` from being reported (``None`` if nothing, or no report for it)."""
-  if module is None:
+  if experiment not in protocol.EXPERIMENTS:
     return None
   for key, kind in _RUN_FIELDS.items():
     if key not in run:
       return f"lacks the field {key!r}"
     if not isinstance(run[key], kind) or isinstance(run[key], bool):
       return f"its field {key!r} is not a {kind.__name__}"
-  fn = getattr(module, "check_run", None)
-  return fn(run) if callable(fn) else None
+  return protocol.piece(experiment, "run check")(run)
 
 
-def run_key(run: dict, module=None):
-  """What makes two files the same run: the module's ``run_key``, else arm, config, seed."""
-  if module is None:
+def _key(run: dict, experiment: str) -> Any:
+  """What makes two files the same run: the experiment's ``run_key``."""
+  if experiment not in protocol.EXPERIMENTS:
     return store.digest(run)  # no report for it: only identical files are one run
-  fn = getattr(module, "run_key", None)
-  if callable(fn):
-    return fn(run)
-  return (run["arm"], store.digest(run["config"]), run["seed"])
+  return protocol.piece(experiment, "run key")(run)
 
 
 def load_runs(
@@ -138,10 +133,9 @@ def load_runs(
       )
       continue
     experiment = run["experiment"]
-    module = _module(experiment)
     try:
-      problem = check_run(run, module)
-      key = None if problem else (experiment, run_key(run, module))
+      problem = _problem(run, experiment)
+      key = None if problem else (experiment, _key(run, experiment))
     except (KeyError, TypeError, ValueError, AttributeError) as e:
       problem, key = f"unusable run ({type(e).__name__}: {e})", None
     if problem:
@@ -158,37 +152,9 @@ def load_runs(
   return groups, warnings
 
 
-# Modules of the package that are not experiments (they have no runs to report).
-_NOT_EXPERIMENTS = (
-  "arms",
-  "checkpoints",
-  "cli",
-  "flags",
-  "jobs",
-  "optim",
-  "progress",
-  "report",
-  "stats",
-  "store",
-)
-
-
-def _module(experiment: str):
-  """The module ``stiefax.experiments.<experiment>``, or None."""
-  if not experiment.isidentifier() or experiment in _NOT_EXPERIMENTS:
-    return None
-  try:
-    return importlib.import_module(f"stiefax.experiments.{experiment}")
-  except ModuleNotFoundError as e:
-    if e.name == f"stiefax.experiments.{experiment}":
-      return None
-    raise
-
-
-def _reporter(experiment: str):
-  """The ``report`` function of ``stiefax.experiments.<experiment>``, or None."""
-  fn = getattr(_module(experiment), "report", None)
-  return fn if callable(fn) else None
+def _reporter(experiment: str) -> Any:
+  """The ``report`` of ``experiment`` (:mod:`stiefax.experiments.protocol`), or None."""
+  return protocol.piece(experiment, "report") if experiment in protocol.EXPERIMENTS else None
 
 
 def _directories(given: Sequence[str]) -> list[pathlib.Path]:

@@ -15,6 +15,8 @@ import os
 import signal
 import sys
 import threading
+from types import FrameType
+from typing import Optional
 
 from stiefax.experiments import store
 
@@ -44,7 +46,7 @@ class StopRequest:
     self.signum = 0
     self._previous: dict = {}
 
-  def _handler(self, signum, frame):
+  def _handler(self, signum: int, frame: Optional[FrameType]) -> None:
     del frame
     if self.requested:  # stop now: quietly, without unwinding through JAX or Orbax
       store.release_all()
@@ -67,7 +69,7 @@ class StopRequest:
         self._previous[s] = signal.signal(s, self._handler)
     return self
 
-  def __exit__(self, *exc) -> None:
+  def __exit__(self, *exc: object) -> None:
     for s, previous in self._previous.items():
       signal.signal(s, previous)
     self._previous = {}

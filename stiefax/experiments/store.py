@@ -228,7 +228,9 @@ def _write_all(fd: int, data: bytes) -> None:
     view = view[os.write(fd, view) :]
 
 
-def claim(lock: RunLock, poll: float = 2.0, on_wait: Optional[Callable[[dict], None]] = None):
+def claim(
+  lock: RunLock, poll: float = 2.0, on_wait: Optional[Callable[[dict], None]] = None
+) -> RunLock:
   """Blocks until ``lock`` is acquired; ``on_wait(holder)`` once if it must wait."""
   told = False
   while not lock.acquire():
@@ -338,5 +340,5 @@ class RunLock:
   def __enter__(self) -> RunLock:
     return self
 
-  def __exit__(self, *exc) -> None:
+  def __exit__(self, *exc: object) -> None:
     self.release()

@@ -80,44 +80,6 @@ ARMS = arms.select(
 # Frame rates of the optimizer-family arms (grok has no rate selection).
 MMUON_LR, MUON_LR = ARMS["B2-mmuon"].rate, ARMS["A2-muon"].rate
 
-# How a run records its arm, ``(description, rule)``: part of every run's identity and
-# file name (:func:`arm_definition`), so fixed.
-_RECORDED = {
-  "A2": ("AdamW everywhere (decay on W_Q, W_K too)", "adamw"),
-  "B2": ("Riemannian Adam on W_Q, W_K", "riemannian"),
-  "B2m": ("tangent projection + elementwise Adam, no cap", "elementwise"),
-  "B2m-can": ("B2m with the canonical gradient", "elementwise-canonical"),
-  "B2-frz": ("W_Q, W_K frozen at orthonormal init", "frozen"),
-  "A2-nwf": ("A2 without decay on W_Q, W_K", "adam"),
-  "B2-hi": ("B2 with circuit decay 2.0", "riemannian"),
-  "B2-sn": ("B2 with circuit init 0.1x", "riemannian"),
-  "B2-comb": ("B2-hi + B2-sn", "riemannian"),
-  "B2-mmuon": ("manifold Muon on W_Q, W_K (rate 0.05)", "mmuon"),
-  "A2-muon": ("optax.contrib.muon on W_Q, W_K (rate 0.02), unconstrained", "muon"),
-  "B2-qr": ("B2 with the QR retraction", "riemannian-qr"),
-  "B2-cayley": ("B2 with the Cayley retraction", "riemannian-cayley"),
-  "A2-qknorm": ("A2 with QK-norm (LayerNorm on each head's q and k)", "adamw"),
-  "A2-sigma": ("A2 with sigmaReparam W_Q, W_K (gamma W / sigma(W))", "adamw"),
-  "B2-qknorm": ("B2 with QK-norm (LayerNorm on each head's q and k)", "riemannian"),
-}
-
-
-def arm_definition(arm: Arm) -> dict:
-  """How runs record ``arm``: ``{"description", "rule", "orthonormal", "weight_decay",
-  "circuit_init_scale"}`` (the ``"arm"`` of a run's ``"config"``), and ``"attention"``
-  for an arm whose attention is not plain (:mod:`stiefax.experiments.attention`)."""
-  description, rule = _RECORDED[arm.name]
-  definition = {
-    "description": description,
-    "rule": rule,
-    "orthonormal": arm.orthonormal,
-    "weight_decay": arm.weight_decay,
-    "circuit_init_scale": arm.circuit_init_scale,
-  }
-  if arm.attention != "plain":  # absent for the plain arms: their identities predate it
-    definition["attention"] = arm.attention
-  return definition
-
 
 # ----------------------------------------------------------------------------
 # Metrics on an evaluation history (epochs ascending).
@@ -136,17 +98,23 @@ def first_epoch(epochs: Sequence[int], values: Sequence[float], threshold: float
   return None
 
 
-def memorized_epoch(epochs, train_acc, threshold: float = 0.99) -> Optional[int]:
+def memorized_epoch(
+  epochs: Sequence[int], train_acc: Sequence[float], threshold: float = 0.99
+) -> Optional[int]:
   """First evaluated epoch with training accuracy ``>= threshold``."""
   return first_epoch(epochs, train_acc, threshold)
 
 
-def grokked_epoch(epochs, test_acc, threshold: float = 0.95) -> Optional[int]:
+def grokked_epoch(
+  epochs: Sequence[int], test_acc: Sequence[float], threshold: float = 0.95
+) -> Optional[int]:
   """First evaluated epoch with held-out accuracy ``>= threshold`` (single crossing)."""
   return first_epoch(epochs, test_acc, threshold)
 
 
-def sustained_epoch(epochs, test_acc, threshold: float = 0.95, k: int = 3) -> Optional[int]:
+def sustained_epoch(
+  epochs: Sequence[int], test_acc: Sequence[float], threshold: float = 0.95, k: int = 3
+) -> Optional[int]:
   """First epoch from which held-out accuracy stays ``>= threshold`` for ``k`` evaluations.
 
   The paper's sustained metric (section 4.4): a single spike does not count.
@@ -164,7 +132,7 @@ def sustained_epoch(epochs, test_acc, threshold: float = 0.95, k: int = 3) -> Op
   return None
 
 
-def tail_mean(epochs, values, fraction: float = 0.25) -> float:
+def tail_mean(epochs: Sequence[int], values: Sequence[float], fraction: float = 0.25) -> float:
   """Mean of ``values`` over the evaluations in the final ``fraction`` of the run.
 
   Evaluations at epochs ``>= (1 - fraction) * last_epoch`` count: for 20 000 epochs,
@@ -173,12 +141,11 @@ def tail_mean(epochs, values, fraction: float = 0.25) -> float:
   >>> tail_mean([0, 100, 200, 300, 400], [0.0, 0.0, 0.0, 0.5, 1.0])
   0.75
   """
-  epochs = np.asarray(epochs, np.float64)
-  values = np.asarray(values, np.float64)
-  if epochs.size == 0:
+  at = np.asarray(epochs, np.float64)
+  if at.size == 0:
     return float("nan")
-  keep = epochs >= (1.0 - fraction) * epochs[-1]
-  return float(np.mean(values[keep]))
+  keep = at >= (1.0 - fraction) * at[-1]
+  return float(np.mean(np.asarray(values, np.float64)[keep]))
 
 
 def run_metrics(history: dict, config: GrokConfig) -> dict:
@@ -216,7 +183,7 @@ def hyper(arm: Arm, config: GrokConfig) -> optim.Hyper:
   the Muon arms at the arm's rate, of B2m and A2-nwf at the AdamW rate.
   """
 
-  def rate(value):
+  def rate(value: float) -> optax.ScalarOrSchedule:
     if config.warmup > 0 and value > 0:
       return optax.warmup_constant_schedule(0.0, value, config.warmup)
     return value

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stiefax.experiments.cli import CommandError
+from stiefax.experiments.flags import CommandError
 from stiefax.experiments.grok.config import GrokConfig
 
 __all__ = ["make_data"]

@@ -8,15 +8,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-import stiefax
 from stiefax.experiments import attention as attention_lib
-from stiefax.experiments.arms import Arm
 from stiefax.experiments.grok.config import GrokConfig
 
-__all__ = ["make_model", "init_params"]
+__all__ = ["make_model"]
 
 
-def make_model(config: GrokConfig, attention: str = "plain"):
+def make_model(config: GrokConfig, attention: str = "plain") -> nn.Module:
   """The paper's encoder for ``config``, as a Flax linen module.
 
   ``attention``: the arm's attention variant (``plain``, ``qknorm`` or ``sigma``;
@@ -27,12 +25,12 @@ def make_model(config: GrokConfig, attention: str = "plain"):
 
 
 @functools.cache
-def _make_model(config: GrokConfig, attention: str):
+def _make_model(config: GrokConfig, attention: str) -> nn.Module:
   class Block(nn.Module):
     """Pre-LN encoder block: x + MHA(LN(x)), then x + FFN(LN(x)); no mask."""
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x: jax.Array) -> jax.Array:
       h = nn.LayerNorm(name="ln_attn")(x)
       h = attention_lib.attention_module(
         attention,
@@ -51,7 +49,7 @@ def _make_model(config: GrokConfig, attention: str):
     """(a, b, =) -> logits over c; readout concat(3 x d) -> hidden -> ReLU -> p."""
 
     @nn.compact
-    def __call__(self, tokens):
+    def __call__(self, tokens: jax.Array) -> jax.Array:
       x = nn.Embed(config.modulus + 1, config.d_model, name="token_embed")(tokens)
       pos = nn.Embed(tokens.shape[-1], config.d_model, name="pos_embed")(
         jnp.arange(tokens.shape[-1])
@@ -65,28 +63,3 @@ def _make_model(config: GrokConfig, attention: str):
       return nn.Dense(config.modulus, name="readout_out")(x)
 
   return GrokTransformer()
-
-
-@functools.cache
-def _jitted_init(config: GrokConfig, attention: str = "plain"):
-  return jax.jit(make_model(config, attention).init)
-
-
-def init_params(config: GrokConfig, arm: Arm, seed: int):
-  """The arm's starting point: the seed's default init, frames snapped if Stiefel.
-
-  The variables of the model (``{"params": ...}``, with the ``sigma_reparam`` state
-  collection for a σReparam arm).
-  """
-  params = _jitted_init(config, arm.attention)(jax.random.key(seed), jnp.zeros((1, 3), jnp.int32))
-  labels = stiefax.layouts.qk_labels(params)
-  if arm.circuit_init_scale != 1.0:
-    s = arm.circuit_init_scale
-    params = jax.tree.map(
-      lambda lab, w: w * jnp.asarray(s, w.dtype) if lab != "stiefel" and w.ndim >= 2 else w,
-      labels,
-      params,
-    )
-  if arm.orthonormal:
-    params = stiefax.flax.project_params(params, labels)
-  return params

@@ -1,7 +1,7 @@
 """What identifies a grokking run (identity, file name, command) and its summaries.
 
 A run's identity is the preset, every field of its :class:`GrokConfig` and how its arm
-is recorded (:func:`~stiefax.experiments.grok.config.arm_definition`); its digest goes
+is recorded (:func:`arm_definition`); its digest goes
 into the file name. These are frozen: runs and checkpoints written by an earlier
 version of this code are recognised (and resumed) as the same runs.
 """
@@ -10,21 +10,25 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+from typing import Optional
 from typing import Sequence
 
 from stiefax.experiments import store
+from stiefax.experiments.arms import Arm
 from stiefax.experiments.grok import collapses
 from stiefax.experiments.grok.config import ARMS
 from stiefax.experiments.grok.config import GrokConfig
-from stiefax.experiments.grok.config import arm_definition
 
 __all__ = [
+  "arm_definition",
   "run_identity",
   "record_identity",
   "run_file_name",
   "run_command",
   "summary_table",
   "summary_words",
+  "check_run",
+  "run_key",
 ]
 
 
@@ -66,7 +70,9 @@ def run_file_name(
   return store.run_file_name(stem, run_identity(config, arm, preset), seed)
 
 
-def run_command(config: GrokConfig, arm: str, seed: int, preset: str, stabilize: bool, out) -> str:
+def run_command(
+  config: GrokConfig, arm: str, seed: int, preset: str, stabilize: bool, out: object
+) -> str:
   """The ``stiefax grok`` command line that reruns (or resumes) exactly this run."""
   return " ".join(
     [
@@ -88,7 +94,7 @@ def run_command(config: GrokConfig, arm: str, seed: int, preset: str, stabilize:
   )
 
 
-def _fmt_epoch(e) -> str:
+def _fmt_epoch(e: Optional[int]) -> str:
   return "-" if e is None else str(e)
 
 
@@ -175,3 +181,81 @@ def summary_words(records: Sequence[dict]) -> str:
     )
     lines.append(text)
   return "\n".join(lines)
+
+
+_METRICS = (
+  "memorized_epoch",
+  "grokked_epoch",
+  "sustained_epoch",
+  "end_train_acc",
+  "end_test_acc",
+  "tail_test_acc",
+  "final_isometry",
+)
+
+
+_HISTORY = ("epoch", "train_acc", "test_acc", "isometry")
+
+
+def check_run(run: dict) -> Optional[str]:
+  """What a grokking run lacks for the report (``None`` if nothing); see ``stiefax report``."""
+  for key in _METRICS:
+    if key not in run["metrics"]:
+      return f"lacks the metric {key!r}"
+  history = run.get("history")
+  if not isinstance(history, dict):
+    return "lacks the field 'history'"
+  for key in _HISTORY:
+    if not isinstance(history.get(key), list) or not history[key]:
+      return f"lacks the history {key!r}"
+  if len({len(history[k]) for k in _HISTORY}) != 1:
+    return "its histories differ in length"
+  try:
+    record_identity(run)
+  except KeyError as e:
+    return f"lacks the config field {e}"
+  return None
+
+
+def run_key(run: dict) -> tuple:
+  """Two files hold the same run when they share :func:`record_identity` and seed."""
+  return (store.digest(record_identity(run)), run["seed"])
+
+
+# How a run records its arm, ``(description, rule)``: part of every run's identity and
+# file name (:func:`arm_definition`), so fixed.
+_RECORDED = {
+  "A2": ("AdamW everywhere (decay on W_Q, W_K too)", "adamw"),
+  "B2": ("Riemannian Adam on W_Q, W_K", "riemannian"),
+  "B2m": ("tangent projection + elementwise Adam, no cap", "elementwise"),
+  "B2m-can": ("B2m with the canonical gradient", "elementwise-canonical"),
+  "B2-frz": ("W_Q, W_K frozen at orthonormal init", "frozen"),
+  "A2-nwf": ("A2 without decay on W_Q, W_K", "adam"),
+  "B2-hi": ("B2 with circuit decay 2.0", "riemannian"),
+  "B2-sn": ("B2 with circuit init 0.1x", "riemannian"),
+  "B2-comb": ("B2-hi + B2-sn", "riemannian"),
+  "B2-mmuon": ("manifold Muon on W_Q, W_K (rate 0.05)", "mmuon"),
+  "A2-muon": ("optax.contrib.muon on W_Q, W_K (rate 0.02), unconstrained", "muon"),
+  "B2-qr": ("B2 with the QR retraction", "riemannian-qr"),
+  "B2-cayley": ("B2 with the Cayley retraction", "riemannian-cayley"),
+  "A2-qknorm": ("A2 with QK-norm (LayerNorm on each head's q and k)", "adamw"),
+  "A2-sigma": ("A2 with sigmaReparam W_Q, W_K (gamma W / sigma(W))", "adamw"),
+  "B2-qknorm": ("B2 with QK-norm (LayerNorm on each head's q and k)", "riemannian"),
+}
+
+
+def arm_definition(arm: Arm) -> dict:
+  """How runs record ``arm``: ``{"description", "rule", "orthonormal", "weight_decay",
+  "circuit_init_scale"}`` (the ``"arm"`` of a run's ``"config"``), and ``"attention"``
+  for an arm whose attention is not plain (:mod:`stiefax.experiments.attention`)."""
+  description, rule = _RECORDED[arm.name]
+  definition = {
+    "description": description,
+    "rule": rule,
+    "orthonormal": arm.orthonormal,
+    "weight_decay": arm.weight_decay,
+    "circuit_init_scale": arm.circuit_init_scale,
+  }
+  if arm.attention != "plain":  # absent for the plain arms: their identities predate it
+    definition["attention"] = arm.attention
+  return definition

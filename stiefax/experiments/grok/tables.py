@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import pathlib
+from typing import Iterable
 from typing import Optional
 from typing import Sequence
 
@@ -19,54 +20,15 @@ import numpy as np
 
 from stiefax.experiments import report as report_lib
 from stiefax.experiments import stats
-from stiefax.experiments import store
 from stiefax.experiments.grok.collapses import find_collapses
 from stiefax.experiments.grok.config import ARMS
-from stiefax.experiments.grok.runs import record_identity
 
-__all__ = ["check_run", "run_key", "report"]
-
-
-_METRICS = (
-  "memorized_epoch",
-  "grokked_epoch",
-  "sustained_epoch",
-  "end_train_acc",
-  "end_test_acc",
-  "tail_test_acc",
-  "final_isometry",
-)
-_HISTORY = ("epoch", "train_acc", "test_acc", "isometry")
+__all__ = ["report"]
 
 
-def check_run(run: dict) -> Optional[str]:
-  """What a grokking run lacks for the report (``None`` if nothing); see ``stiefax report``."""
-  for key in _METRICS:
-    if key not in run["metrics"]:
-      return f"lacks the metric {key!r}"
-  history = run.get("history")
-  if not isinstance(history, dict):
-    return "lacks the field 'history'"
-  for key in _HISTORY:
-    if not isinstance(history.get(key), list) or not history[key]:
-      return f"lacks the history {key!r}"
-  if len({len(history[k]) for k in _HISTORY}) != 1:
-    return "its histories differ in length"
-  try:
-    record_identity(run)
-  except KeyError as e:
-    return f"lacks the config field {e}"
-  return None
-
-
-def run_key(run: dict) -> tuple:
-  """Two files hold the same run when they share :func:`record_identity` and seed."""
-  return (store.digest(record_identity(run)), run["seed"])
-
-
-def _median(xs) -> str:
-  xs = [x for x in xs if x is not None]
-  return "-" if not xs else f"{float(np.median(xs)):.0f}"
+def _median(xs: Iterable[Optional[int]]) -> str:
+  found = [float(x) for x in xs if x is not None]
+  return "-" if not found else f"{float(np.median(found)):.0f}"
 
 
 def _settings(runs: Sequence[dict]) -> dict:
@@ -81,7 +43,7 @@ def _settings(runs: Sequence[dict]) -> dict:
   return groups
 
 
-def _arm_order(names) -> list[str]:
+def _arm_order(names: Iterable[str]) -> list[str]:
   return report_lib.arm_order(names, ARMS)
 
 

@@ -20,6 +20,8 @@ import dataclasses
 import functools
 import sys
 import time
+from typing import Any
+from typing import Callable
 from typing import Optional
 from typing import Sequence
 
@@ -33,21 +35,21 @@ from stiefax.experiments import attention as attention_lib
 from stiefax.experiments import optim
 from stiefax.experiments.arms import Arm
 from stiefax.experiments.checkpoints import Checkpoints
-from stiefax.experiments.cli import CommandError
+from stiefax.experiments.flags import CommandError
 from stiefax.experiments.grok.config import ARMS
 from stiefax.experiments.grok.config import GrokConfig
-from stiefax.experiments.grok.config import arm_definition
 from stiefax.experiments.grok.config import hyper
 from stiefax.experiments.grok.config import run_metrics
 from stiefax.experiments.grok.data import make_data
-from stiefax.experiments.grok.model import init_params
 from stiefax.experiments.grok.model import make_model
+from stiefax.experiments.grok.runs import arm_definition
 from stiefax.experiments.progress import progress_bar
 from stiefax.experiments.stopping import Stopped
 from stiefax.experiments.stopping import StopRequest
 
 __all__ = [
   "programs",
+  "init_params",
   "probe_program",
   "stack",
   "unstack",
@@ -56,15 +58,15 @@ __all__ = [
 ]
 
 
-def _query_labels(params):
+def _query_labels(params: optax.Params) -> Any:
   return stiefax.layouts.qk_labels(params, modules=("query",))
 
 
-def _key_labels(params):
+def _key_labels(params: optax.Params) -> Any:
   return stiefax.layouts.qk_labels(params, modules=("key",))
 
 
-def _trained(variables):
+def _trained(variables: optax.Params) -> optax.Params:
   """``variables`` without the non-trained state collection (the same tree if none)."""
   if not attention_lib.has_state(variables):
     return variables
@@ -72,7 +74,9 @@ def _trained(variables):
 
 
 @functools.cache
-def programs(config: GrokConfig, arm: Arm, vmapped: bool = False, donate: bool = True):
+def programs(
+  config: GrokConfig, arm: Arm, vmapped: bool = False, donate: bool = True
+) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
   """Jitted ``(init_state, train_chunk, evaluate)``, shared by every seed of an arm.
 
   ``train_chunk`` is one compiled program: ``jax.lax.scan`` over ``eval_every``
@@ -88,13 +92,13 @@ def programs(config: GrokConfig, arm: Arm, vmapped: bool = False, donate: bool =
   model = make_model(config, arm.attention)
   tx = optim.make_optimizer(arm, hyper(arm, config))
 
-  def loss_and_acc(params, x, y):
-    logits = model.apply(params, x)
+  def loss_and_acc(params: optax.Params, x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
+    logits: jax.Array = model.apply(params, x)  # type: ignore[assignment]  # no mutable collections: an array
     loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
     acc = jnp.mean((jnp.argmax(logits, axis=-1) == y).astype(jnp.float32))
     return loss, acc
 
-  def evaluate(params, data):
+  def evaluate(params: optax.Params, data: dict[str, jax.Array]) -> dict[str, jax.Array]:
     loss, train_acc = loss_and_acc(params, data["x_train"], data["y_train"])
     _, test_acc = loss_and_acc(params, data["x_test"], data["y_test"])
     return {
@@ -105,11 +109,11 @@ def programs(config: GrokConfig, arm: Arm, vmapped: bool = False, donate: bool =
       "isometry_key": stiefax.diagnostics.isometry_error(params, _key_labels),
     }
 
-  def stateful_loss(params, x, y):
+  def stateful_loss(params: optax.Params, x: jax.Array, y: jax.Array) -> tuple[jax.Array, Any]:
     logits, state = attention_lib.apply_train(model, params, x)
     return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y)), state
 
-  def step(carry, _):
+  def step(carry: tuple[Any, Any, Any], _: None) -> tuple[tuple[Any, Any, Any], dict]:
     params, opt_state, data = carry
     state = None
     if attention_lib.has_state(params):  # decided when tracing: the arm's attention
@@ -127,7 +131,9 @@ def programs(config: GrokConfig, arm: Arm, vmapped: bool = False, donate: bool =
     elr = {f"elr_{k.split('/')[0]}": v for k, v in summary.items() if k.endswith("/elr")}
     return (new_params, opt_state, data), elr
 
-  def train_chunk(params, opt_state, data):
+  def train_chunk(
+    params: optax.Params, opt_state: optax.OptState, data: dict[str, jax.Array]
+  ) -> tuple[optax.Params, optax.OptState, dict[str, jax.Array]]:
     (params, opt_state, _), elr = jax.lax.scan(
       step, (params, opt_state, data), None, length=config.eval_every
     )
@@ -144,7 +150,7 @@ def programs(config: GrokConfig, arm: Arm, vmapped: bool = False, donate: bool =
 
 
 @functools.cache
-def probe_program(config: GrokConfig, arm: Arm, vmapped: bool = False):
+def probe_program(config: GrokConfig, arm: Arm, vmapped: bool = False) -> Callable[..., Any]:
   """Jitted ``(params, data) -> {"max_logit", "attn_entropy"}`` on the training batch.
 
   The attention probe (:func:`stiefax.experiments.attention.probe`): the largest
@@ -155,7 +161,7 @@ def probe_program(config: GrokConfig, arm: Arm, vmapped: bool = False):
   """
   model = make_model(config, arm.attention)
 
-  def probe(params, data):
+  def probe(params: optax.Params, data: dict[str, jax.Array]) -> dict[str, jax.Array]:
     got = attention_lib.probe(model, params, data["x_train"])
     return {"max_logit": got["max_logit"], "attn_entropy": got["entropy"]}
 
@@ -191,12 +197,12 @@ def train(
   )[0]
 
 
-def stack(trees):
+def stack(trees: Sequence[Any]) -> Any:
   """The trees stacked along a new leading axis (the seed axis of ``vmap``)."""
   return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
-def unstack(tree, n: int) -> list:
+def unstack(tree: Any, n: int) -> list:
   """The ``n`` trees along the leading axis of ``tree``."""
   return [jax.tree.map(lambda x, i=i: x[i], tree) for i in range(n)]
 
@@ -234,7 +240,7 @@ def train_seeds(
     for _ in seeds
   ]
 
-  def record(epoch, ev):
+  def record(epoch: int, ev: dict[str, Any]) -> dict[str, Any]:
     ev = jax.device_get(ev)
     for i, history in enumerate(histories):
       history["epoch"].append(int(epoch))
@@ -276,14 +282,14 @@ def train_seeds(
   else:
     params, opt_state, data = params[0], opt_state[0], datas[0]
 
-  def evaluation(ev):
+  def evaluation(ev: dict[str, Any]) -> dict[str, Any]:
     """The evaluation ``ev`` of ``params`` with the attention probe (if recorded)."""
     return {**ev, **probe(params, data)} if probing else ev
 
   if latest is None:
     record(0, evaluation(evaluate(params, data)))
 
-  def save():
+  def save() -> None:
     per_seed = zip(unstack(params, n), unstack(opt_state, n)) if vmap else [(params, opt_state)]
     for i, (p, o) in enumerate(per_seed):
       ckpts[i].save(
@@ -360,3 +366,28 @@ def train_seeds(
       }
     )
   return records
+
+
+@functools.cache
+def _jitted_init(config: GrokConfig, attention: str = "plain") -> Callable[..., Any]:
+  return jax.jit(make_model(config, attention).init)
+
+
+def init_params(config: GrokConfig, arm: Arm, seed: int) -> optax.Params:
+  """The arm's starting point: the seed's default init, frames snapped if Stiefel.
+
+  The variables of the model (``{"params": ...}``, with the ``sigma_reparam`` state
+  collection for a σReparam arm).
+  """
+  params = _jitted_init(config, arm.attention)(jax.random.key(seed), jnp.zeros((1, 3), jnp.int32))
+  labels = stiefax.layouts.qk_labels(params)
+  if arm.circuit_init_scale != 1.0:
+    s = arm.circuit_init_scale
+    params = jax.tree.map(
+      lambda lab, w: w * jnp.asarray(s, w.dtype) if lab != "stiefel" and w.ndim >= 2 else w,
+      labels,
+      params,
+    )
+  if arm.orthonormal:
+    params = stiefax.flax.project_params(params, labels)
+  return params

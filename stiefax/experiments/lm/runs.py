@@ -30,6 +30,7 @@ __all__ = [
   "run_identity",
   "run_name",
   "run_key",
+  "check_run",
   "run_command",
 ]
 

@@ -37,7 +37,7 @@ from stiefax.experiments.lm.runs import loss_of
 from stiefax.experiments.report import num
 from stiefax.experiments.report import table
 
-__all__ = ["report", "summary", "loss_of", "select_rate", "sensitivity", "sweep_runs"]
+__all__ = ["report", "summary", "select_rate", "sensitivity", "sweep_runs"]
 
 _ARM_FIELDS = ("adamw_lr", "arm", "frame_lr")
 

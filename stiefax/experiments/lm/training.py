@@ -36,7 +36,6 @@ import numpy as np
 import optax
 
 import stiefax
-from stiefax import ScalarMomentState
 from stiefax.experiments import attention
 from stiefax.experiments import optim
 from stiefax.experiments.arms import Arm
@@ -157,7 +156,7 @@ def _cap_ratio_fn(arm: Arm, config: LMConfig) -> Optional[Callable[[Any], jax.Ar
   lr = schedule(config, peak)
   b1, b2, eps = opts.get("b1", config.b1), opts.get("b2", config.b2), opts.get("eps", config.eps)
   frames = stiefax.layouts.qk_frames()
-  is_moment = lambda x: isinstance(x, ScalarMomentState)
+  is_moment = lambda x: isinstance(x, stiefax.ScalarMomentState)
 
   def ratios(opt_state):
     moments = [s for s in jax.tree.leaves(opt_state, is_leaf=is_moment) if is_moment(s)]

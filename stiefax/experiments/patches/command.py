@@ -1,7 +1,56 @@
-"""The command line of ``stiefax patches``: its arguments, their checks, and the run.
+"""Image-patch benchmark (paper sections 3.3, 4.1, 4.2, 4.5-4.7).
 
-:func:`run` checks the arguments, loads the images and runs the protocol asked for
-(:mod:`stiefax.experiments.patches.protocols`), then prints the report.
+``stiefax patches [run|sweep-n|sweep-eps] [options]``
+
+Data: CIFAR-10 from the python-format archive or folder, or an image-folder copy
+(``--data``; see :mod:`stiefax.experiments.patches.data`), or, with no ``--data``,
+scikit-learn's ``digits`` (real 8x8 images shipped with the package: 4x4 patches, 4
+tokens of raw dimension 16 whitened to d=16, 4 heads of r=4). Tokens are contrast-
+normalized, PCA-whitened patches, cached on disk (``--cache``).
+
+Model (the paper leaves depth, positions and pooling open; chosen here): the
+whitened tokens are the embeddings (no extra input projection: the whitening *is*
+the embedding), plus a learned positional embedding ``(P, d)`` (normal, std 0.02);
+``--depth`` (default 1) pre-LN blocks ``x += MHA(LN(x)); x += MLP(LN(x))`` (Flax
+``MultiHeadDotProductAttention`` with H heads of width r, so W_Q, W_K are
+``(d, H, r)`` kernels = H frames in St(d, r); MLP d -> 4d -> d with GELU); final
+LayerNorm, mean pooling over tokens, classifier ``W_cls``. Xavier-uniform kernels.
+
+Training: batch 256 (the last partial batch of an epoch is kept), AdamW on every
+non-frame parameter (rate ``--adamw-lr``, decay 0.05 on rank >= 2 tensors only, not
+LayerNorm), 5-epoch linear warm-up then cosine to zero
+(``optax.warmup_cosine_decay_schedule``), applied to the Riemannian rate too; plain
+cross-entropy; test accuracy at the final epoch. The batch order and the initial
+non-frame parameters depend on the seed only (shared across arms); the orthonormal
+frames are drawn from the seed too (identical across the arms that use them).
+
+Arms (``--arms``, or ``all`` for the paper's eight above the blank line):
+
+  A2           AdamW + Xavier on everything (rate --adamw-lr, paper's 1e-2)
+  A2-orth      AdamW, W_Q and W_K initialized orthonormal
+  B2           riemannian_adam(1.0, eps=1e-8, max_norm=0.1) on W_Q, W_K
+  B2-SGD       riemannian_sgd(0.02), Grassmann projector (alias PA16)
+  frozen       the Riemannian arm at rate 0 (frames stay at their init)
+  elementwise  riemannian_adam(0.03, moment="elementwise")
+  grassmann    riemannian_adam(1.0, projector="grassmann")
+  soft         AdamW + lambda * orthogonality_penalty (lambda = --penalty, 0.1)
+
+  B2-mmuon     manifold_muon(0.05) on W_Q, W_K (spectral-norm steepest descent on St)
+  A2-muon      optax.contrib.muon(0.02) on W_Q, W_K (Xavier init, unconstrained)
+  B2-qr        B2 with the sign-fixed QR retraction
+  B2-cayley    B2 with the Cayley retraction
+
+  A2-qknorm    A2 with QK-norm: LayerNorm (no bias, learned scale) on each head's q, k
+  A2-sigma     A2 with sigmaReparam W_Q, W_K: (gamma / sigma(W)) W, one power step a step
+  B2-qknorm    B2 with the same QK-norm
+
+Protocols: ``run`` (default; ``--seeds`` paired, ``--select-lr`` first picks each
+arm's rate on the validation images [n_train : n_train + n_val]), ``sweep-n``
+(``--ns`` at about ``--budget`` 2000 steps per run, paper Table 3), ``sweep-eps``
+(``--eps-values`` for B2, Section 4.7). One JSON file per run goes to ``--out``;
+``stiefax report DIR`` (or the table printed at the end) gives per-arm mean +- std,
+the paired difference to A2 (t, p, wins, paired-t and bootstrap 95% CIs),
+isometry error and wall-clock per epoch.
 """
 
 from __future__ import annotations
@@ -14,20 +63,19 @@ import time
 from typing import Optional
 
 import stiefax
-from stiefax import _checks as _routing
 from stiefax.experiments import flags
 from stiefax.experiments import jobs
-from stiefax.experiments import patches
 from stiefax.experiments.arms import Arm
-from stiefax.experiments.cli import CommandError
-from stiefax.experiments.cli import check_seeds
-from stiefax.experiments.cli import writable_dir
-from stiefax.experiments.patches import data as data_lib
+from stiefax.experiments.flags import CommandError
+from stiefax.experiments.flags import check_seeds
+from stiefax.experiments.flags import writable_dir
+from stiefax.experiments.patches import images as images_lib
 from stiefax.experiments.patches import protocols
 from stiefax.experiments.patches import tables
 from stiefax.experiments.patches.config import ARMS
 from stiefax.experiments.patches.config import LOGIT_ARMS
 from stiefax.experiments.patches.config import OPTIMIZER_ARMS
+from stiefax.experiments.patches.config import PRESETS
 from stiefax.experiments.patches.config import PROTOCOLS
 from stiefax.experiments.patches.config import arm_by_name
 
@@ -35,7 +83,7 @@ __all__ = ["add_arguments", "validate", "defaults", "select_arms", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-  doc = patches.__doc__ or ""
+  doc = __doc__ or ""
   parser.description = doc.split("\n\n", 1)[0]
   parser.formatter_class = argparse.RawDescriptionHelpFormatter
   parser.epilog = doc.split("\n\n", 1)[1]
@@ -147,7 +195,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   g.add_argument("--no-wait", action="store_true", help=jobs.NO_WAIT_HELP)
 
 
-def _positive(value, flag: str, allow_zero: bool = False) -> None:
+def _positive(value: Optional[float], flag: str, allow_zero: bool = False) -> None:
   if value is None:
     return
   if not math.isfinite(value):
@@ -192,7 +240,7 @@ def validate(args: argparse.Namespace) -> None:
     ("--adamw-lr", "learning_rate", args.adamw_lr),
     ("--weight-decay", "weight_decay", args.weight_decay),
   ):
-    problem = _routing.hyperparam_problem(arg, value)
+    problem = flags.optimizer_problem(arg, value)
     if problem is not None:
       raise CommandError(f"{flag} {problem}")
   if args.polar not in stiefax.POLAR_METHODS:
@@ -200,16 +248,12 @@ def validate(args: argparse.Namespace) -> None:
 
 
 def defaults(args: argparse.Namespace) -> dict:
-  """The settings left unset on the command line: the paper's, or digits' without --data."""
-  digits = args.data is None
-  return {
-    "n_train": args.n_train or (1000 if digits else 10_000),
-    "patch": args.patch or (4 if digits else 8),
-    "d": args.d or (16 if digits else 128),
-    "heads": args.heads or (4 if digits else 8),
-    "head_dim": args.head_dim or (4 if digits else 16),
-    "ns": [125, 250, 500, 1000] if digits else [1000, 2000, 5000, 10_000, 20_000, 50_000],
-  }
+  """The settings left unset on the command line: the paper's, or digits' without --data
+  (:data:`~stiefax.experiments.patches.config.PRESETS`)."""
+  preset = PRESETS["digits" if args.data is None else "paper"]
+  out = {k: getattr(args, k) or preset[k] for k in ("n_train", "patch", "d", "heads", "head_dim")}
+  out["ns"] = list(preset["ns"])
+  return out
 
 
 def select_arms(args: argparse.Namespace) -> list[Arm]:
@@ -235,7 +279,7 @@ def _cache_dir(args: argparse.Namespace) -> Optional[pathlib.Path]:
     return None
   if args.cache is not None:
     return writable_dir(pathlib.Path(args.cache).expanduser() if args.cache else "", "--cache")
-  cache = data_lib.default_cache_dir()
+  cache = images_lib.default_cache_dir()
   try:
     return writable_dir(cache, "the cache folder")
   except CommandError as e:
@@ -244,7 +288,11 @@ def _cache_dir(args: argparse.Namespace) -> Optional[pathlib.Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-  """``stiefax patches``: trains what ``args`` ask for, prints the report."""
+  """``stiefax patches``: trains what ``args`` ask for, prints the report.
+
+  It checks the arguments, loads the images and runs the protocol asked for
+  (:mod:`stiefax.experiments.patches.protocols`), then prints the report.
+  """
   validate(args)
   arms = select_arms(args)
   seeds = check_seeds(flags.ints(args.seeds, "--seeds"), "--seeds")
@@ -254,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
   writable_dir(out_path, "--out")  # fail before reading data or training
   cache = _cache_dir(args)
   progress = not args.no_progress
-  images = data_lib.load_images(
+  images = images_lib.load_images(
     args.data, order_seed=args.order_seed, cache_dir=cache, progress=progress
   )
   out = writable_dir(out_path, "--out")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 from typing import Optional
 
 import optax
@@ -11,10 +12,25 @@ import optax
 from stiefax.experiments import arms
 from stiefax.experiments import optim
 from stiefax.experiments.arms import Arm
-from stiefax.experiments.cli import CommandError
+from stiefax.experiments.flags import CommandError
 
 EXPERIMENT = "patches"
 PROTOCOLS = ("run", "sweep-n", "sweep-eps")
+
+#: The sizes a run takes where the command line leaves them unset: ``digits`` without
+#: ``--data`` (scikit-learn's 8x8 digits), ``paper`` with it (CIFAR-10 at the paper's
+#: sizes); ``ns``: the data sizes of ``sweep-n``.
+PRESETS: dict[str, dict[str, Any]] = {
+  "digits": dict(n_train=1000, patch=4, d=16, heads=4, head_dim=4, ns=(125, 250, 500, 1000)),
+  "paper": dict(
+    n_train=10_000,
+    patch=8,
+    d=128,
+    heads=8,
+    head_dim=16,
+    ns=(1000, 2000, 5000, 10_000, 20_000, 50_000),
+  ),
+}
 
 #: The paper's eight arms (``--arms all``), then the optimizer-family arms.
 ARMS = arms.select(
@@ -109,7 +125,7 @@ def arm_hparams(arm: Arm, setting: Setting, knob: Optional[float]) -> dict:
   return hp
 
 
-def schedule(setting: Setting, peak: float):
+def schedule(setting: Setting, peak: float) -> optax.Schedule:
   """5-epoch (``warmup_epochs``) linear warm-up to ``peak``, then cosine to zero."""
   return optax.warmup_cosine_decay_schedule(
     0.0, peak, setting.warmup_steps, setting.total_steps, 0.0

@@ -19,32 +19,22 @@ from typing import Optional
 
 import numpy as np
 
-from stiefax.experiments.cli import CommandError
+from stiefax.experiments.flags import CommandError
 from stiefax.experiments.patches.images import CACHE_VERSION
-from stiefax.experiments.patches.images import CIFAR_FILES
 from stiefax.experiments.patches.images import Images
 from stiefax.experiments.patches.images import cache_digest
-from stiefax.experiments.patches.images import default_cache_dir
-from stiefax.experiments.patches.images import interleaved_order
-from stiefax.experiments.patches.images import load_images
 from stiefax.experiments.patches.images import load_npz
 from stiefax.experiments.patches.images import save_npz
 
 __all__ = [
-  "Images",
   "Whitening",
   "PatchData",
   "CONTRAST_EPS",
-  "CACHE_VERSION",
-  "CIFAR_FILES",
-  "load_images",
-  "interleaved_order",
   "extract_patches",
   "contrast_normalize",
   "fit_whitening",
   "apply_whitening",
   "prepare",
-  "default_cache_dir",
 ]
 
 #: Variance floor of the contrast normalization, in units of the pixel range [0, 1]:
@@ -168,7 +158,7 @@ class PatchData:
 
 def _tokens(
   images: np.ndarray, patch: int, pixel_max: float, w: Optional[Whitening], chunk: int = 4096
-):
+) -> np.ndarray:
   """Contrast-normalized (and whitened, if ``w``) tokens, image chunk by chunk."""
   out = []
   for s in range(0, images.shape[0], chunk):

@@ -39,7 +39,9 @@ import pathlib
 import pickle
 import sys
 import tarfile
+from typing import Any
 from typing import Iterable
+from typing import Iterator
 from typing import Optional
 from typing import Sequence
 import zipfile
@@ -52,7 +54,7 @@ from sklearn.datasets import load_digits
 from tqdm import tqdm
 
 from stiefax.experiments import store
-from stiefax.experiments.cli import CommandError
+from stiefax.experiments.flags import CommandError
 
 __all__ = [
   "Images",
@@ -107,12 +109,14 @@ def short_error(e: BaseException, limit: int = 120) -> str:
   return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def cache_digest(obj) -> str:
+def cache_digest(obj: object) -> str:
   """16 hex digits of the SHA-1 of ``obj`` as sorted JSON: the key of a cache file."""
   return hashlib.sha1(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def save_npz(path: pathlib.Path, **arrays) -> bool:
+# ``arrays`` are numpy arrays; typed Any because numpy's stub reads ``np.savez(**kw)`` as
+# possibly passing its ``allow_pickle: bool``.
+def save_npz(path: pathlib.Path, **arrays: Any) -> bool:
   """Writes a cache file atomically; False (and a one-line notice) if it cannot.
 
   The cache only saves time, so a full disk or an unwritable cache folder is a notice
@@ -192,7 +196,7 @@ _CIFAR_PICKLE_NAMES = frozenset(
 class _CifarUnpickler(pickle.Unpickler):
   """A ``pickle.Unpickler`` that loads only what a CIFAR-10 python batch holds."""
 
-  def find_class(self, module: str, name: str):
+  def find_class(self, module: str, name: str) -> Any:
     if (module, name) not in _CIFAR_PICKLE_NAMES:
       raise pickle.UnpicklingError(
         f"refused to load {module}.{name}: a CIFAR-10 batch holds only a dict of numpy"
@@ -201,7 +205,7 @@ class _CifarUnpickler(pickle.Unpickler):
     return super().find_class(module, name)
 
 
-def load_cifar_pickle(raw: bytes):
+def load_cifar_pickle(raw: bytes) -> Any:
   """Unpickles a CIFAR-10 python batch with the restricted :class:`_CifarUnpickler`.
 
   Only the numpy array reconstructors are looked up by name; a pickle that names any
@@ -355,7 +359,7 @@ def _image_folder(
 
 
 def _read_image_folder(path: pathlib.Path, order_seed: int, progress: bool) -> Images:
-  def files():
+  def files() -> Iterator[tuple[str, str, str, bytes]]:
     for root, _, names in os.walk(path):
       for n in names:
         full = pathlib.Path(root) / n
@@ -370,7 +374,7 @@ def _read_image_folder(path: pathlib.Path, order_seed: int, progress: bool) -> I
 def _read_image_tar(
   tar: tarfile.TarFile, path: pathlib.Path, order_seed: int, progress: bool
 ) -> Images:
-  def files():
+  def files() -> Iterator[tuple[str, str, str, bytes]]:
     for m in tar:
       if not m.isfile():
         continue

@@ -20,6 +20,7 @@ import os
 import pathlib
 import sys
 from typing import Any
+from typing import Callable
 from typing import Optional
 from typing import Sequence
 
@@ -28,9 +29,10 @@ import numpy as np
 from stiefax.experiments import flags
 from stiefax.experiments import store
 from stiefax.experiments.arms import Arm
-from stiefax.experiments.cli import CommandError
-from stiefax.experiments.cli import os_error
+from stiefax.experiments.flags import CommandError
+from stiefax.experiments.flags import os_error
 from stiefax.experiments.patches import data as data_lib
+from stiefax.experiments.patches import images as images_lib
 from stiefax.experiments.patches import runs
 from stiefax.experiments.patches.config import ADAM_ARMS
 from stiefax.experiments.patches.config import EXPERIMENT
@@ -48,7 +50,7 @@ class Context:
   """What every protocol reads: the arguments, the images and where runs go."""
 
   args: argparse.Namespace
-  images: data_lib.Images
+  images: images_lib.Images
   out: pathlib.Path
   cache: Optional[pathlib.Path]
   progress: bool
@@ -121,7 +123,15 @@ def _data(ctx: Context, n_train: int, n_val: int) -> data_lib.PatchData:
   )
 
 
-def _config(ctx: Context, protocol: str, arm: Arm, setting: Setting, hp: dict, data, split) -> dict:
+def _config(
+  ctx: Context,
+  protocol: str,
+  arm: Arm,
+  setting: Setting,
+  hp: dict,
+  data: data_lib.PatchData,
+  split: str,
+) -> dict:
   a = ctx.args
   return runs.run_config(
     protocol,
@@ -171,10 +181,10 @@ def _execute(
       continue
     lock = store.RunLock(path.with_suffix(".lock"))
 
-    def held(then: str, lock=lock, seed=seed) -> None:
+    def held(then: str, lock: store.RunLock = lock, seed: int = seed) -> None:
       print(f"  {arm.name} seed {seed}: being trained by {lock.held_by()}; {then}", flush=True)
 
-    def waiting(_holder: dict, held=held) -> None:
+    def waiting(_holder: dict, held: Callable[[str], None] = held) -> None:
       held("waiting for it")
 
     if ctx.defer_held and not _acquire(lock):
@@ -227,7 +237,7 @@ def _acquire(lock: store.RunLock) -> bool:
     raise CommandError(f"cannot lock the run: {os_error(e)}.") from None
 
 
-def _claim(lock: store.RunLock, waiting) -> store.RunLock:
+def _claim(lock: store.RunLock, waiting: Callable[[dict], None]) -> store.RunLock:
   try:
     return store.claim(lock, on_wait=waiting)
   except OSError as e:
@@ -246,7 +256,7 @@ def _write(path: pathlib.Path, rec: dict) -> None:
 
 
 def _select(
-  ctx: Context, arms: Sequence[Arm], setting: Setting, data, grids: dict
+  ctx: Context, arms: Sequence[Arm], setting: Setting, data: data_lib.PatchData, grids: dict
 ) -> tuple[dict, list]:
   """``--select-lr``: the knob with the best mean validation accuracy, per arm.
 

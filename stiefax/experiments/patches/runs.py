@@ -22,11 +22,13 @@ from stiefax.experiments.patches.config import frame_init
 
 __all__ = [
   "DataFacts",
+  "arm_definition",
   "run_config",
   "run_identity",
   "config_hash",
   "run_name",
   "run_key",
+  "check_run",
   "knob_of",
   "run_command",
 ]
@@ -36,7 +38,7 @@ __all__ = [
 class DataFacts:
   """What a run records about its data besides the command-line settings."""
 
-  dataset: str  # the data set's name (data_lib.Images.name)
+  dataset: str  # the data set's name (images_lib.Images.name)
   classes: int
   n_test: int
   n_val: int
@@ -45,7 +47,8 @@ class DataFacts:
 
   @classmethod
   def of(cls, images: Any, data: Any) -> DataFacts:
-    """From a :class:`data_lib.Images` and the :class:`data_lib.PatchData` of a run."""
+    """From the :class:`~stiefax.experiments.patches.images.Images` and the
+    :class:`~stiefax.experiments.patches.data.PatchData` of a run."""
     return cls(
       dataset=images.name,
       classes=len(images.classes),
@@ -54,6 +57,18 @@ class DataFacts:
       tokens=int(data.train_x.shape[1]),
       pca_fit_patches=int(data.whitening.n_fit),
     )
+
+
+def arm_definition(arm: Arm) -> dict:
+  """How a run records its arm: ``{"frame_init", "description"}``, and ``"attention"``
+  for an arm whose attention is not plain (:mod:`stiefax.experiments.attention`).
+
+  Entries of a run's ``"config"`` (the rule and rates are recorded with the settings).
+  """
+  definition = {"frame_init": frame_init(arm), "description": arm.description}
+  if arm.attention != "plain":  # absent for the plain arms: their hashes predate it
+    definition["attention"] = arm.attention
+  return definition
 
 
 def run_config(
@@ -88,11 +103,8 @@ def run_config(
     "steps_per_epoch": setting.steps_per_epoch,
     "total_steps": setting.total_steps,
     "warmup_steps": setting.warmup_steps,
-    "frame_init": frame_init(arm),
-    "description": arm.description,
+    **arm_definition(arm),
   }
-  if arm.attention != "plain":  # absent for the plain arms: their hashes predate it
-    cfg["attention"] = arm.attention
   cfg.update(dataclasses.asdict(setting))
   cfg.update(hp)
   if hp["eps"] is None:
@@ -143,7 +155,17 @@ def run_key(run: dict) -> tuple:
   return (run["config"].get("protocol"), run["arm"], config_hash(run["config"]), run["seed"])
 
 
-def _quote(value) -> str:
+def check_run(run: dict) -> Optional[str]:
+  """What a run lacks for the report (``None`` if nothing); see ``stiefax report``."""
+  if "protocol" not in run["config"]:
+    return "its config lacks 'protocol'"
+  for key in ("test_acc", "isometry", "wall_per_epoch"):
+    if key not in run["metrics"]:
+      return f"its metrics lack {key!r}"
+  return None
+
+
+def _quote(value: object) -> str:
   return shlex.quote(str(value))
 
 

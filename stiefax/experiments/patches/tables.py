@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+from typing import Iterable
 from typing import Optional
 from typing import Sequence
 
@@ -69,7 +70,7 @@ def _setting_order(cfg: dict) -> tuple:
   return (cfg["depth"], -cfg["adamw_lr"], cfg.get("n_train") or 0, cfg.get("epochs") or 0)
 
 
-def _arm_order(names) -> list[str]:
+def _arm_order(names: Iterable[str]) -> list[str]:
   return report_lib.arm_order(names, ARMS)
 
 

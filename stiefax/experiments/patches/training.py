@@ -7,11 +7,15 @@ batches; the batch order depends on the seed only (shared across arms).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Any
+from typing import Callable
+from typing import NamedTuple
 from typing import Optional
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,7 +33,7 @@ from stiefax.experiments.patches.config import hyper
 from stiefax.experiments.patches.config import learning_rates
 from stiefax.experiments.progress import progress_bar
 
-__all__ = ["EpochStats", "Trainer", "train"]
+__all__ = ["EpochStats", "Trainer", "train", "Programs", "programs", "init_params"]
 
 #: Per-step outputs of :meth:`Trainer.epoch`, each of shape ``(steps,)``.
 EpochStats = tuple[Any, Any, Any, Any, Any, Any]
@@ -53,7 +57,7 @@ class Trainer:
   def __init__(self, arm: Arm, setting: Setting, hp: dict, tokens: int, num_classes: int):
     self.arm, self.setting, self.hp = arm, setting, hp
     self.tokens, self.num_classes = tokens, num_classes
-    progs = model_lib.programs(setting, tokens, num_classes, arm.attention)
+    progs = programs(setting, tokens, num_classes, arm.attention)
     self.model = progs.model
     self.tx = optim.make_optimizer(arm, hyper(setting, hp))
     abstract = jax.eval_shape(
@@ -67,13 +71,15 @@ class Trainer:
     self._epoch = jax.jit(self._epoch_fn(), donate_argnums=(0, 1))
     self._probe = attention.probe_fn(self.model)
 
-  def _epoch_fn(self):
+  def _epoch_fn(self) -> Callable[..., tuple[Any, Any, EpochStats]]:
     """``epoch(params, opt_state, xs, ys, idx, w) -> (params, opt_state, EpochStats)``."""
     model, tx, frame_ids = self.model, self.tx, self.frame_ids
     lam = self.hp["penalty"]
     spec = stiefax.FrameSpec()
 
-    def loss_fn(params, x, y, w):
+    def loss_fn(
+      params: optax.Params, x: jax.Array, y: jax.Array, w: jax.Array
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array, Any]]:
       logits, state = attention.apply_train(model, params, x)
       ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
       loss = jnp.sum(ce * w) / jnp.maximum(jnp.sum(w), 1.0)
@@ -83,11 +89,20 @@ class Trainer:
       correct = jnp.sum((jnp.argmax(logits, -1) == y) * w)
       return total, (loss, correct, state)
 
-    def frame_norm(frames):  # mean over frames of ||X||_F
+    def frame_norm(frames: jax.Array) -> jax.Array:  # mean over frames of ||X||_F
       return jnp.mean(jnp.sqrt(geometry.frame_sq_norm(frames)))
 
-    def epoch(params, opt_state, xs, ys, idx, w):
-      def step(carry, batch):
+    def epoch(
+      params: optax.Params,
+      opt_state: optax.OptState,
+      xs: jax.Array,
+      ys: jax.Array,
+      idx: jax.Array,
+      w: jax.Array,
+    ) -> tuple[Any, Any, EpochStats]:
+      def step(
+        carry: tuple[Any, Any], batch: tuple[jax.Array, jax.Array]
+      ) -> tuple[tuple[Any, Any], EpochStats]:
         params, opt_state = carry
         b_idx, b_w = batch
         (_, (loss, correct, state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
@@ -96,7 +111,7 @@ class Trainer:
         updates, opt_state = tx.update(grads, opt_state, params)
         new_params = attention.with_state(optax.apply_updates(params, updates), state)
         p_l, g_l, n_l = (jax.tree.leaves(t) for t in (params, grads, new_params))
-        stats = [jnp.zeros([], jnp.float32)] * 3
+        stats: list[jax.Array | float] = [jnp.zeros([], jnp.float32)] * 3
         if frame_ids:
           k = float(len(frame_ids))
           w_f = [spec.to_frames(p_l[i]) for i in frame_ids]
@@ -114,13 +129,19 @@ class Trainer:
     return epoch
 
   def init(self, seed: int) -> tuple[Any, Any]:
-    """``(params, opt_state)`` of ``seed`` (see :func:`model.init_params`)."""
-    params = model_lib.init_params(
-      self.model, self.arm, seed, self.tokens, self.setting.d, self._model_init
-    )
+    """``(params, opt_state)`` of ``seed`` (see :func:`init_params`)."""
+    params = init_params(self.model, self.arm, seed, self.tokens, self.setting.d, self._model_init)
     return params, self._tx_init(params)
 
-  def epoch(self, params, opt_state, xs, ys, idx, w) -> tuple[Any, Any, EpochStats]:
+  def epoch(
+    self,
+    params: optax.Params,
+    opt_state: optax.OptState,
+    xs: jax.Array,
+    ys: jax.Array,
+    idx: jax.Array,
+    w: jax.Array,
+  ) -> tuple[Any, Any, EpochStats]:
     """One epoch: a scan over the batches ``idx`` ``(S, B)`` with weights ``w``.
 
     Returns the new ``(params, opt_state)`` (the arguments' buffers are donated) and
@@ -129,15 +150,17 @@ class Trainer:
     """
     return self._epoch(params, opt_state, xs, ys, idx, w)
 
-  def probe(self, params, x) -> dict[str, float]:
+  def probe(self, params: optax.Params, x: jax.Array | np.ndarray) -> dict[str, float]:
     """``{"max_logit", "entropy"}`` of the attention on the batch ``x``."""
     return {k: float(v) for k, v in self._probe(params, x).items()}
 
-  def isometry(self, params) -> float:
+  def isometry(self, params: optax.Params) -> float:
     """``max|W^T W - I|`` over the query/key frames."""
     return float(self._isometry(params))
 
-  def accuracy(self, params, x: np.ndarray, y: np.ndarray, chunk: int = 1000) -> float:
+  def accuracy(
+    self, params: optax.Params, x: np.ndarray, y: np.ndarray, chunk: int = 1000
+  ) -> float:
     """Accuracy over ``(x, y)`` in fixed-size chunks (the last one padded)."""
     if len(y) == 0:
       return float("nan")
@@ -273,3 +296,48 @@ def _metrics(hist: dict, eval_split: str, final_acc: float, diverged: bool) -> d
   if eval_split != "test":
     metrics["test_acc"] = None
   return metrics
+
+
+class Programs(NamedTuple):
+  """A model and its jitted ``init(key, x)`` and ``predict(params, x) -> labels``."""
+
+  model: Any
+  init: Any
+  predict: Any
+
+
+def programs(setting: Setting, tokens: int, num_classes: int, attention: str = "plain") -> Programs:
+  """The model of this shape with its jitted init and predict, shared by the arms.
+
+  ``attention``: the arm's attention variant (:mod:`stiefax.experiments.attention`).
+  """
+  return _programs(model_lib.make_model(setting, tokens, num_classes, attention))
+
+
+@functools.lru_cache(maxsize=16)
+def _programs(model: nn.Module) -> Programs:
+  def predict(params: Any, x: Any) -> Any:
+    logits: Any = model.apply(params, x)
+    return jnp.argmax(logits, axis=-1)
+
+  return Programs(model, jax.jit(model.init), jax.jit(predict))
+
+
+def init_params(
+  model: nn.Module, arm: Arm, seed: int, tokens: int, d: int, model_init: Optional[Any] = None
+) -> Any:
+  """Seeded init: non-frame parameters depend on the seed only; frames per the arm.
+
+  Orthonormal frames (``arm.orthonormal``) are drawn from the seed too, identical
+  across the arms that use them. ``model_init`` is ``model.init`` or a jitted copy.
+  """
+  key = jax.random.key(seed)
+  k_init, k_frames = jax.random.split(key)
+  params = (model_init or model.init)(k_init, jnp.zeros((1, tokens, d), jnp.float32))
+  if arm.orthonormal:
+    leaves, treedef = jax.tree.flatten(params)
+    init = stiefax.flax.orthonormal_init()
+    for j, i in enumerate(model_lib.frame_paths(params)):
+      leaves[i] = init(jax.random.fold_in(k_frames, j), leaves[i].shape, leaves[i].dtype)
+    params = jax.tree.unflatten(treedef, leaves)
+  return params
