@@ -307,6 +307,9 @@ def test_the_report_of_a_whole_study_two(tmp_path):
 
   _synthetic_study2(tmp_path)
   target = _TARGET
+  for s in (0, 1):  # the best Stiefel arm's later sweep: rates outside its grid
+    rec = _study_record("B2-diag", (3e-4, 0.3), s, 1.7)
+    write_json(tmp_path / lm_runs.run_name("B2-diag", rec["config"], s), rec)
   groups, warnings = report_lib.load_runs(tmp_path)
   assert warnings == []
   assert fair.best_cells(groups["lm"]) == target
@@ -323,6 +326,8 @@ def test_the_report_of_a_whole_study_two(tmp_path):
   assert text.count("A2-temp - A2 ") == 1
   budget = text.split("tuning budget")[1].split("\n\n")[0]
   assert "A2         9" in budget and "B2         6" in budget
+  # The sweep's rates are neither in B2-diag's budget nor candidates for its best cell.
+  assert "B2-diag    3      AdamW 0.01, frame 0.3" in budget
 
 
 def test_the_larger_models_arms_and_cells_follow_the_small_models_study(tmp_path):

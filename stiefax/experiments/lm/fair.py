@@ -325,8 +325,11 @@ def _grid_tables(by: dict, best: dict) -> list[str]:
       "",
     ]
   budget = []
+  frame_best = best["B2"][1] if "B2" in best else None
   for arm, c in best.items():
-    tried = sorted({cell for cell, s in by[arm] if s in SELECTION_SEEDS})
+    # The cells of its grid it ran (a later sweep's other rates chose nothing).
+    grid = set(cells(arm, frame_best))
+    tried = sorted({cell for cell, s in by[arm] if s in SELECTION_SEEDS and cell in grid})
     budget.append([arm, str(len(tried)), f"AdamW {c[0]:g}, frame {c[1]:g}"])
   if budget:
     lines += [
