@@ -373,3 +373,25 @@ def test_the_report_of_the_larger_model(tmp_path):
   assert "lm (large)" in text and "the larger model" in text
   assert "0.0165: 1.711" in text  # A2's upper cell, mean over seeds 0-1
   assert "study 1's arms" not in text and "E1 (the frame step)" not in text
+
+
+def test_the_docs_quote_study_twos_report_on_the_small_model():
+  """Every line of the small model's study-2 tables that ``stiefax report
+  results/lm-fair`` prints from the committed runs is in docs/lm.md, and every cell of
+  E1, E2 and E3 has both selection seeds and every best cell six seeds."""
+  import pathlib  # pylint: disable=g-import-not-at-top
+
+  from stiefax.experiments import report as report_lib  # pylint: disable=g-import-not-at-top
+
+  root = pathlib.Path(__file__).parent.parent
+  groups, warnings = report_lib.load_runs(root / "results/lm-fair")
+  assert warnings == []
+  small = [r for r in groups["lm"] if r["config"]["preset"] == fair.SMALL_PRESET]
+  best = fair.best_cells(small)
+  assert set(best) == {"B2", "A2", "A2-qknorm", "A2-temp", *fair.E2_ARMS}
+  for arm, cell in best.items():
+    seeds = {r["seed"] for r in small if r["arm"] == arm and fair.cell_of(r) == cell}
+    assert seeds == set(range(6)), arm
+  doc = (root / "docs/lm.md").read_text()
+  missing = [ln for ln in fair.report(small) if ln.strip() and ln not in doc]
+  assert missing == [], missing
