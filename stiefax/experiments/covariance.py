@@ -28,6 +28,8 @@ import time
 from typing import Any
 from typing import Callable
 from typing import Optional
+from typing import Sequence
+from typing import cast
 
 import flax.linen as nn
 import jax
@@ -120,7 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   )
 
 
-def _subset(value: str, valid, what: str) -> list[str]:
+def _subset(value: str, valid: Sequence[str], what: str) -> list[str]:
   names = [v.strip() for v in value.split(",") if v.strip()]
   bad = [n for n in names if n not in valid]
   if bad or not names:
@@ -131,33 +133,35 @@ def _subset(value: str, valid, what: str) -> list[str]:
   return names
 
 
-def _random_orthogonal(rng: np.random.Generator, shape) -> np.ndarray:
+def _random_orthogonal(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
   """Haar-random orthonormal columns, ``shape = (..., n, k)``."""
   q, rr = np.linalg.qr(rng.standard_normal(shape))
   return q * np.sign(np.diagonal(rr, axis1=-2, axis2=-1))[..., None, :]
 
 
-def make_problem(name: str, heads: int, d: int, r: int, rng: np.random.Generator):
+def make_problem(
+  name: str, heads: int, d: int, r: int, rng: np.random.Generator
+) -> tuple[Callable[[jax.Array], jax.Array], jax.Array]:
   """``(loss_fn, theta_0)`` for a problem on a ``(d, heads, r)`` kernel of frames."""
   g = rng.standard_normal((d, d))
   a = jnp.asarray((g + g.T) / 2)
   n = jnp.asarray(np.arange(r, 0, -1, dtype=np.float64) / r)
   w0 = jnp.asarray(np.transpose(_random_orthogonal(rng, (heads, d, r)), (1, 0, 2)))
 
-  def brockett(w):
+  def brockett(w: jax.Array) -> jax.Array:
     return -jnp.einsum("dhr,de,ehr,r->", w, a, w, n)
 
   if name == "brockett":
     return brockett, w0
 
-  def qk_norm(w):
+  def qk_norm(w: jax.Array) -> jax.Array:
     norms = jnp.sqrt(jnp.sum(w * w, axis=(0, 2), keepdims=True))
     return brockett(math.sqrt(r) * w / norms)
 
   return qk_norm, w0
 
 
-def _action(name: str, args, rng: np.random.Generator) -> cov.Action:
+def _action(name: str, args: argparse.Namespace, rng: np.random.Generator) -> cov.Action:
   if name == "left":
     return cov.left_rotation(jnp.asarray(_random_orthogonal(rng, (args.d, args.d))))
   if name == "right":
@@ -167,7 +171,7 @@ def _action(name: str, args, rng: np.random.Generator) -> cov.Action:
   return cov.gradient_scale(args.loss_scale)
 
 
-def _header(name: str, args) -> str:
+def _header(name: str, args: argparse.Namespace) -> str:
   return {
     "left": "left O(d)",
     "right": "right O(r)",
@@ -176,7 +180,12 @@ def _header(name: str, args) -> str:
   }[name]
 
 
-def covariance_table(args, optimizers, actions, problems) -> dict[str, Any]:
+def covariance_table(
+  args: argparse.Namespace,
+  optimizers: Sequence[str],
+  actions: Sequence[str],
+  problems: Sequence[str],
+) -> dict[str, Any]:
   """``{problem: {optimizer: {action: violation or None}}}`` in float64."""
   results: dict[str, Any] = {}
   with jax.enable_x64(True):
@@ -205,7 +214,7 @@ def covariance_table(args, optimizers, actions, problems) -> dict[str, Any]:
   return results
 
 
-def _fmt(v) -> str:
+def _fmt(v: Optional[float]) -> str:
   if v is None:
     return "n/a"
   if not math.isfinite(v):
@@ -213,7 +222,12 @@ def _fmt(v) -> str:
   return f"{v:.1e}"
 
 
-def print_table(results, args, optimizers, actions) -> None:
+def print_table(
+  results: dict[str, Any],
+  args: argparse.Namespace,
+  optimizers: Sequence[str],
+  actions: Sequence[str],
+) -> None:
   desc = {
     "brockett": "f(W) = -sum_h tr(W_h^T A W_h N)",
     "qk-norm": "f(sqrt(r) W_h / ||W_h||_F): invariant under rescaling each frame",
@@ -263,7 +277,7 @@ def elr_trace(
 
   class Toy(nn.Module):
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x: jax.Array) -> jax.Array:
       h = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=16)(x)
       return nn.Dense(x.shape[-1])(h + x)
 
@@ -277,10 +291,11 @@ def elr_trace(
   frames = stiefax.FrameSpec()
   tau = 0.1
 
-  def loss_fn(p, xb, yb):
-    return jnp.mean(jnp.square(model.apply(p, xb) - yb))
+  def loss_fn(p: optax.Params, xb: jax.Array, yb: jax.Array) -> jax.Array:
+    pred = cast(jax.Array, model.apply(p, xb))  # no mutable collections: the output alone
+    return jnp.mean(jnp.square(pred - yb))
 
-  def frame_norm(p):
+  def frame_norm(p: optax.Params) -> jax.Array:
     """Mean ||W_h||_F / sqrt(r) over the query/key frames (1 on St(d, r))."""
     ws = [
       frames.to_frames(w)
@@ -301,7 +316,13 @@ def elr_trace(
   for arm, tx in arms.items():
 
     @jax.jit
-    def step(params, state, xb, yb, tx=tx):
+    def step(
+      params: optax.Params,
+      state: optax.OptState,
+      xb: jax.Array,
+      yb: jax.Array,
+      tx: optax.GradientTransformation = tx,
+    ) -> tuple[optax.Params, optax.OptState, dict[str, jax.Array]]:
       loss, g = jax.value_and_grad(loss_fn)(params, xb, yb)
       u, state = tx.update(g, state, params)
       new = optax.apply_updates(params, u)
@@ -358,7 +379,7 @@ def print_elr(trace: dict[str, Any]) -> None:
     )
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
   check_seeds([args.seed], "--seed")
   optimizers = _subset(args.optimizers, tuple(OPTIMIZERS), "optimizer")
   actions = _subset(args.actions, ACTIONS, "action")

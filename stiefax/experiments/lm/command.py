@@ -178,11 +178,11 @@ def _rates(text: str, flag: str = "--lr") -> list[float]:
   return list(dict.fromkeys(rates))
 
 
-def _is_best(text) -> bool:
+def _is_best(text: Optional[str]) -> bool:
   return text is not None and text.strip().lower() == "best"
 
 
-def _is_around(text) -> bool:
+def _is_around(text: Optional[str]) -> bool:
   return text is not None and text.strip().lower() == "around"
 
 

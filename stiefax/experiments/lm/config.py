@@ -158,7 +158,7 @@ PRESETS = {
 SWEEP_RATES = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
 
 
-def schedule(config: LMConfig, peak: float):
+def schedule(config: LMConfig, peak: float) -> optax.Schedule:
   """Linear warm-up to ``peak`` over ``warmup_steps``, then cosine to 0 at ``steps``."""
   return optax.warmup_cosine_decay_schedule(0.0, peak, config.warmup_steps, config.steps, 0.0)
 

@@ -97,7 +97,7 @@ class RMSNorm(nn.Module):
   """
 
   @nn.compact
-  def __call__(self, x, gain: bool = True):
+  def __call__(self, x: jax.Array, gain: bool = True) -> jax.Array:
     scale = self.param("scale", nn.initializers.zeros_init(), (x.shape[-1],))
     var = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
     y = x * jax.lax.rsqrt(var + _RMS_EPS)
@@ -106,7 +106,7 @@ class RMSNorm(nn.Module):
     return y * (1.0 + scale).reshape((1,) * (x.ndim - 1) + (-1,))
 
 
-def _fan_in_init(axis: int | tuple[int, ...]):
+def _fan_in_init(axis: int | tuple[int, ...]) -> nn.initializers.Initializer:
   return nn.initializers.variance_scaling(1.0, "fan_in", "normal", in_axis=axis, out_axis=-1)
 
 
@@ -131,7 +131,7 @@ class _Weight(nn.Module):
   in_axis: int | tuple[int, ...] = -2
 
   @nn.compact
-  def __call__(self):
+  def __call__(self) -> jax.Array:
     return self.param("w", _fan_in_init(self.in_axis), self.shape)
 
 
@@ -147,7 +147,7 @@ class Attention(nn.Module):
   frame_gain: bool = False
 
   @nn.compact
-  def __call__(self, x, x_qk=None):
+  def __call__(self, x: jax.Array, x_qk: jax.Array | None = None) -> jax.Array:
     c = self.config
     x_qk = x if x_qk is None else x_qk
     d, h, k, r = x.shape[-1], c.heads, c.kv_heads, c.head_dim
@@ -198,7 +198,7 @@ class Block(nn.Module):
   frame_gain: bool = False
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x: jax.Array) -> jax.Array:
     c = self.config
     norm = RMSNorm(name="pre_attention_norm")
     y = norm(x)
@@ -222,7 +222,7 @@ class DecoderLM(nn.Module):
   frame_gain: bool = False
 
   @nn.compact
-  def __call__(self, tokens):
+  def __call__(self, tokens: jax.Array) -> jax.Array:
     c = self.config
     embed = self.param(
       "input_embedding", nn.initializers.normal(c.d_model**-0.5), (c.vocab, c.d_model)

@@ -57,6 +57,9 @@ BITS = math.log(2.0)
 
 _EVAL_CHUNK = 64  # validation/test windows per forward pass
 
+#: A training step's carry: (variables, optimizer state, the training bytes).
+_Carry = tuple[optax.Params, optax.OptState, jax.Array]
+
 
 @dataclasses.dataclass(frozen=True)
 class Programs:
@@ -81,12 +84,12 @@ def programs(arm: Arm, config: LMConfig) -> Programs:
   seq = config.seq
   cap_ratio = _cap_ratio_fn(arm, config)
 
-  def loss_fn(variables, windows):
+  def loss_fn(variables: optax.Params, windows: jax.Array) -> tuple[jax.Array, Any]:
     logits, state = attention.apply_train(model, variables, windows[:, :-1])
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, windows[:, 1:])
     return jnp.mean(ce), state
 
-  def step(carry, starts):
+  def step(carry: _Carry, starts: jax.Array) -> tuple[_Carry, tuple[jax.Array, jax.Array]]:
     variables, opt_state, train = carry
     idx = starts[:, None] + jnp.arange(seq + 1)[None, :]
     windows = train[idx].astype(jnp.int32)
@@ -96,17 +99,19 @@ def programs(arm: Arm, config: LMConfig) -> Programs:
     ratios = cap_ratio(opt_state) if cap_ratio is not None else jnp.zeros((1,), jnp.float32)
     return (variables, opt_state, train), (loss, ratios)
 
-  def chunk(variables, opt_state, train, positions):
+  def chunk(
+    variables: optax.Params, opt_state: optax.OptState, train: jax.Array, positions: jax.Array
+  ) -> tuple[optax.Params, optax.OptState, tuple[jax.Array, jax.Array]]:
     (variables, opt_state, _), per_step = jax.lax.scan(
       step, (variables, opt_state, train), positions
     )
     return variables, opt_state, per_step
 
-  def summed_loss(variables, windows):
+  def summed_loss(variables: optax.Params, windows: jax.Array) -> jax.Array:
     logits = model.apply(variables, windows[:, :-1])
     return jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, windows[:, 1:]))
 
-  def probe(variables, windows):
+  def probe(variables: optax.Params, windows: jax.Array) -> dict[str, jax.Array]:
     _, inter = model.apply(variables, windows[:, :-1], mutable=["intermediates"])
     sown = {
       name: jnp.stack([v for _, v in _sown(inter["intermediates"], name)])
@@ -119,7 +124,7 @@ def programs(arm: Arm, config: LMConfig) -> Programs:
       "head_entropy": sown["head_entropy"],  # (depth, heads)
     }
 
-  def init(key):
+  def init(key: jax.Array) -> optax.Params:
     return model.init(key, jnp.zeros((1, seq), jnp.int32))
 
   return Programs(
@@ -158,7 +163,7 @@ def _cap_ratio_fn(arm: Arm, config: LMConfig) -> Optional[Callable[[Any], jax.Ar
   frames = stiefax.layouts.qk_frames()
   is_moment = lambda x: isinstance(x, stiefax.ScalarMomentState)
 
-  def ratios(opt_state):
+  def ratios(opt_state: optax.OptState) -> jax.Array:
     moments = [s for s in jax.tree.leaves(opt_state, is_leaf=is_moment) if is_moment(s)]
     if len(moments) != 1:
       raise ValueError(f"arm {arm.name}: found {len(moments)} scalar moment states, not one")
@@ -249,7 +254,7 @@ def _study2_entries(arm: Arm, config: LMConfig, variables: Any, attn: dict, rati
   return out
 
 
-def _held_out_bpb(progs: Programs, variables, windows: np.ndarray) -> float:
+def _held_out_bpb(progs: Programs, variables: optax.Params, windows: np.ndarray) -> float:
   total = 0.0
   for s in range(0, len(windows), _EVAL_CHUNK):
     total += float(progs.loss(variables, jnp.asarray(windows[s : s + _EVAL_CHUNK])))

@@ -112,7 +112,8 @@ def _by_seed(runs: Sequence[dict], metric: str) -> dict:
   return report_lib.by_seed(runs, metric)
 
 
-def _paired_row(base: dict, other: dict):
+def _paired_row(base: dict, other: dict) -> Optional[stats.Paired]:
+  """``other - base`` in percentage points on their shared seeds (None: none shared)."""
   return report_lib.paired_by_seed(base, other, scale=100.0)
 
 
@@ -245,6 +246,8 @@ def _report_frozen_share(runs: Sequence[dict]) -> list[str]:
     fz = _paired_row(sub["A2"], sub["frozen"])
     b2 = _paired_row(sub["A2"], sub["B2"])
     tr = _paired_row(sub["frozen"], sub["B2"])
+    # The three arms share ``seeds``, which is not empty, so every contrast is defined.
+    assert fz is not None and b2 is not None and tr is not None
     c = by_arm["A2"][0]["config"]
     share = fz.mean / b2.mean if b2.mean else float("nan")
     share_lo, share_hi = stats.ratio_ci(fz.diffs, b2.diffs)
