@@ -137,7 +137,9 @@ class _Layout:
     self.neg_lr = stack["neg_lr"].astype(cd)
     self.m_skipped, self.r_skipped = stack["m_skipped"], stack["r_skipped"]
 
-  def results(self, delta, m, v, finite, eta_finite) -> list[tuple]:
+  def results(
+    self, delta: jax.Array, m: jax.Array, v: jax.Array, finite: jax.Array, eta_finite: jax.Array
+  ) -> list[tuple[jax.Array, ...]]:
     """Each leaf's update, moment, second moment and counters from its part of the group."""
     from_frames = jax.vmap(lambda f: self.spec.from_frames(f, self.shape))
     stacked = (
@@ -178,7 +180,9 @@ def fused_scalar_adam(
   update and state to rounding, grouped or not.
   """
 
-  def update_fn(updates, state, params=None):
+  def update_fn(
+    updates: optax.Updates, state: optax.OptState, params: Optional[optax.Params] = None
+  ) -> tuple[optax.Updates, optax.OptState]:
     _checks.require_params("riemannian_adam", params, updates)
     # Traced b1, b2, eps out of range skip the frame-step in the moment (counted there);
     # a traced tau out of range makes the step NaN, skipped by the retraction (as the
@@ -207,7 +211,14 @@ def fused_scalar_adam(
     if scheduled:
       states[held[0]] = lr_state
 
-    def step(wf, gf, m_prev, nu, neg_lr, concat):
+    def step(
+      wf: jax.Array,
+      gf: jax.Array,
+      m_prev: jax.Array,
+      nu: jax.Array,
+      neg_lr: jax.Array,
+      concat: bool,
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
       """One update of a batch of frames ``(..., d, r)`` in the compute dtype."""
       xi, m = geometry.project_and_transport(wf, gf, m_prev, b1, projector, concat=concat)
       sq_norm = geometry.frame_sq_norm(xi)
