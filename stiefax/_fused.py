@@ -255,7 +255,7 @@ def fused_scalar_adam(
     )
     leaves = [
       _Leaf(checked_frames(frames, path, w), g, w, *rest)
-      for (path, g), w, *rest in zip(flat, *(treedef.flatten_up_to(t) for t in trees))  # type: ignore[attr-defined]
+      for (path, g), w, *rest in zip(flat, *(treedef.flatten_up_to(t) for t in trees))  # type: ignore[attr-defined]  # PyTreeDef is opaque to mypy
     ]
     results: list[Any] = [None] * len(leaves)
     grouped = group_by_default() if group_frames is None else bool(group_frames)
@@ -298,7 +298,7 @@ def fused_scalar_adam(
         for i, res in zip(lay.members, lay.results(*part)):
           results[i] = res
     out, mu, nu, m_skipped, r_skipped = (
-      treedef.unflatten([r[k] for r in results])  # type: ignore[attr-defined]
+      treedef.unflatten([r[k] for r in results])  # type: ignore[attr-defined]  # PyTreeDef is opaque to mypy
       for k in range(5)
     )
     states[i_moment] = moment_state._replace(count=count, mu=mu, nu=nu, skipped=m_skipped)

@@ -106,8 +106,7 @@ class ScalarMomentState(NamedTuple):
     skipped: int32 per frame, steps skipped because the update was not finite.
   """
 
-  # The field shadows tuple.count (a method), as in optax's states.
-  count: jax.Array  # type: ignore[assignment]
+  count: jax.Array  # type: ignore[assignment]  # shadows tuple.count, as optax's states do
   mu: Any
   nu: Any
   skipped: Any
@@ -123,8 +122,7 @@ class ElementwiseMomentState(NamedTuple):
     skipped: int32 per frame, steps skipped because the update was not finite.
   """
 
-  # The field shadows tuple.count (a method), as in optax's states.
-  count: jax.Array  # type: ignore[assignment]
+  count: jax.Array  # type: ignore[assignment]  # shadows tuple.count, as optax's states do
   mu: Any
   nu: Any
   skipped: Any

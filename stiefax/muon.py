@@ -198,8 +198,7 @@ class ManifoldMuonState(NamedTuple):
     skipped: int32 per frame, steps skipped because the gradient was not finite.
   """
 
-  # The field shadows tuple.count (a method), as in optax's states.
-  count: jax.Array  # type: ignore[assignment]
+  count: jax.Array  # type: ignore[assignment]  # shadows tuple.count, as optax's states do
   mu: Any
   multiplier: Any
   residual: Any
