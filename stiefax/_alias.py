@@ -276,26 +276,30 @@ def _frames_and_rest(
   such parameters the state is ``stiefel``'s own.
   """
 
-  def specs(params):
+  def specs(params: optax.Params) -> list[Optional[FrameSpec]]:
     return [rest_spec(p, w) for p, w in jax.tree_util.tree_flatten_with_path(params)[0]]
 
-  def rest_tree(tree, found):
+  def rest_tree(tree: Any, found: list[Optional[FrameSpec]]) -> Any:
     it = iter(found)
 
-    def leaf(_, x):
+    def leaf(_: Any, x: jax.Array) -> Union[jax.Array, optax.MaskedNode]:
       spec = next(it)
       return optax.MaskedNode() if spec is None else spec.rest(x)
 
     return jax.tree_util.tree_map_with_path(leaf, tree)
 
-  def init_fn(params):
+  def init_fn(params: optax.Params) -> optax.OptState:
     found = specs(params)
     state = stiefel.init(params)
     if all(s is None for s in found):
       return state
     return FramesAndRestState(state, rest_tx.init(rest_tree(params, found)))
 
-  def update_fn(updates, state, params=None):
+  def update_fn(
+    updates: optax.Updates,
+    state: Any,  # stiefel's own state, or a FramesAndRestState
+    params: Optional[optax.Params] = None,
+  ) -> tuple[optax.Updates, optax.OptState]:
     _checks.require_params("stiefel_adamw", params)
     found = specs(params)
     if all(s is None for s in found):
@@ -306,7 +310,7 @@ def _frames_and_rest(
     )
     it = iter(zip(found, _rest_leaves(rest_u, found)))
 
-    def leaf(u):
+    def leaf(u: jax.Array) -> jax.Array:
       spec, r = next(it)
       if spec is None:
         return u
@@ -334,7 +338,7 @@ def _keeps_own_frames(
   disagree, and the frames would be trained in another view than the one asked for.
   """
 
-  def init_fn(params):
+  def init_fn(params: optax.Params) -> optax.OptState:
     for path, w in jax.tree_util.tree_flatten_with_path(params)[0]:
       spec = checked_frames(frames, path, w)
       try:
@@ -534,7 +538,7 @@ def stiefel_adamw(
         f" or a factory (learning_rate, frames=...) -> transform; got {stiefel!r}."
       )
 
-  def rest_spec(path, w):
+  def rest_spec(path: Any, w: jax.Array) -> Optional[FrameSpec]:
     # Without frames= and with a custom stiefel, only the fused layouts known by name
     # are consulted (stiefel was given their FrameSpecs, or it would reject them).
     if frames is None:
@@ -544,7 +548,7 @@ def stiefel_adamw(
     spec = checked_frames(named if frames is None else frames, path, w)
     return None if spec.select is None else spec
 
-  def euclidean():
+  def euclidean() -> optax.GradientTransformation:
     return optax.adamw(
       learning_rate,
       b1=b1,
@@ -563,7 +567,12 @@ def stiefel_adamw(
     checked_labels(labels, "stiefel_adamw"),
   )
 
-  def update_fn(updates, state, params=None, **extra_args):
+  def update_fn(
+    updates: optax.Updates,
+    state: optax.OptState,
+    params: Optional[optax.Params] = None,
+    **extra_args: Any,
+  ) -> tuple[optax.Updates, optax.OptState]:
     if params is not None:
       _checks.check_shapes("stiefel_adamw", updates, params)
     return inner.update(updates, state, params, **extra_args)

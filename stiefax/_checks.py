@@ -47,7 +47,7 @@ def check_shapes(name: str, updates: Any, params: Any) -> None:
   """A ValueError naming the path and both shapes of the first mismatched update."""
   flat, treedef = jax.tree_util.tree_flatten_with_path(updates)
   try:
-    param_leaves = treedef.flatten_up_to(params)  # type: ignore[attr-defined]
+    param_leaves = treedef.flatten_up_to(params)  # type: ignore[attr-defined]  # PyTreeDef is opaque to mypy
   except (ValueError, TypeError):
     return  # a structure mismatch is reported by the tree map itself
   for (path, u), w in zip(flat, param_leaves):

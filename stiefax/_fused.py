@@ -137,7 +137,9 @@ class _Layout:
     self.neg_lr = stack["neg_lr"].astype(cd)
     self.m_skipped, self.r_skipped = stack["m_skipped"], stack["r_skipped"]
 
-  def results(self, delta, m, v, finite, eta_finite) -> list[tuple]:
+  def results(
+    self, delta: jax.Array, m: jax.Array, v: jax.Array, finite: jax.Array, eta_finite: jax.Array
+  ) -> list[tuple[jax.Array, ...]]:
     """Each leaf's update, moment, second moment and counters from its part of the group."""
     from_frames = jax.vmap(lambda f: self.spec.from_frames(f, self.shape))
     stacked = (
@@ -178,7 +180,9 @@ def fused_scalar_adam(
   update and state to rounding, grouped or not.
   """
 
-  def update_fn(updates, state, params=None):
+  def update_fn(
+    updates: optax.Updates, state: optax.OptState, params: Optional[optax.Params] = None
+  ) -> tuple[optax.Updates, optax.OptState]:
     _checks.require_params("riemannian_adam", params, updates)
     # Traced b1, b2, eps out of range skip the frame-step in the moment (counted there);
     # a traced tau out of range makes the step NaN, skipped by the retraction (as the
@@ -207,7 +211,14 @@ def fused_scalar_adam(
     if scheduled:
       states[held[0]] = lr_state
 
-    def step(wf, gf, m_prev, nu, neg_lr, concat):
+    def step(
+      wf: jax.Array,
+      gf: jax.Array,
+      m_prev: jax.Array,
+      nu: jax.Array,
+      neg_lr: jax.Array,
+      concat: bool,
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
       """One update of a batch of frames ``(..., d, r)`` in the compute dtype."""
       xi, m = geometry.project_and_transport(wf, gf, m_prev, b1, projector, concat=concat)
       sq_norm = geometry.frame_sq_norm(xi)
@@ -244,7 +255,7 @@ def fused_scalar_adam(
     )
     leaves = [
       _Leaf(checked_frames(frames, path, w), g, w, *rest)
-      for (path, g), w, *rest in zip(flat, *(treedef.flatten_up_to(t) for t in trees))  # type: ignore[attr-defined]
+      for (path, g), w, *rest in zip(flat, *(treedef.flatten_up_to(t) for t in trees))  # type: ignore[attr-defined]  # PyTreeDef is opaque to mypy
     ]
     results: list[Any] = [None] * len(leaves)
     grouped = group_by_default() if group_frames is None else bool(group_frames)
@@ -287,7 +298,7 @@ def fused_scalar_adam(
         for i, res in zip(lay.members, lay.results(*part)):
           results[i] = res
     out, mu, nu, m_skipped, r_skipped = (
-      treedef.unflatten([r[k] for r in results])  # type: ignore[attr-defined]
+      treedef.unflatten([r[k] for r in results])  # type: ignore[attr-defined]  # PyTreeDef is opaque to mypy
       for k in range(5)
     )
     states[i_moment] = moment_state._replace(count=count, mu=mu, nu=nu, skipped=m_skipped)

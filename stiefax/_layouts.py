@@ -380,14 +380,14 @@ def qk_labels(
   if modules is not None:
     modules = (modules,) if isinstance(modules, str) else tuple(modules)
 
-  def is_frame(names):
+  def is_frame(names: tuple[str, ...]) -> bool:
     if len(names) < 2:
       return False
     if modules is None:
       return layout_of(names) is not None
     return names[-1] == "kernel" and names[-2] in modules
 
-  def label(path, _):
+  def label(path: Sequence[Any], _: Any) -> str:
     return stiefel_label if is_frame(path_names(path)) else other_label
 
   labels = jax.tree_util.tree_map_with_path(label, params)
@@ -458,7 +458,13 @@ def qk_frames(
     if value is not None and (not isinstance(value, int) or value < 1):
       raise ValueError(f"qk_frames: {name} must be a positive int, got {value!r}.")
 
-  def heads_split(layout, path, leaf, count, count_name):
+  def heads_split(
+    layout: Layout,
+    path: Sequence[Any],
+    leaf: jax.typing.ArrayLike,
+    count: Optional[int],
+    count_name: str,
+  ) -> tuple[int, int]:
     if head_dim is not None:
       return (-1, head_dim)
     if count is None:
@@ -470,7 +476,7 @@ def qk_frames(
       )
     return (count, -1)
 
-  def frames(path, leaf):
+  def frames(path: Sequence[Any], leaf: jax.typing.ArrayLike) -> FrameSpec:
     names = path_names(path)
     layout = layout_of(names)
     if layout is None:

@@ -79,7 +79,7 @@ def frame_sq_norm(x: jax.Array) -> jax.Array:
   return jnp.sum(jnp.square(x), axis=(-2, -1))
 
 
-def compute_dtype(dtype) -> jnp.dtype:
+def compute_dtype(dtype: jax.typing.DTypeLike) -> jnp.dtype:
   """The dtype polar factors are computed in: float32 for 16-bit floats, else ``dtype``.
 
   Example:
@@ -138,7 +138,9 @@ def _polar_qdwh(a: jax.Array) -> jax.Array:
   return u.reshape(batch + a.shape[-2:])
 
 
-def newton_schulz_iterations(step_bound: float, r: int, dtype=jnp.float32) -> int:
+def newton_schulz_iterations(
+  step_bound: float, r: int, dtype: jax.typing.DTypeLike = jnp.float32
+) -> int:
   """Cubic Newton-Schulz iterations that make :func:`polar` exact after a capped step.
 
   After a tangent step ``eta`` from ``W`` in ``St(d, r)``, ``A = W + eta`` has
@@ -231,14 +233,16 @@ def polar_newton_schulz(
     tol = 8 * jnp.finfo(dtype).eps
     max_iters = 60 if dtype == jnp.float64 else 40
 
-    def residual(q):
+    def residual(q: jax.Array) -> jax.Array:
       return jnp.max(jnp.abs(q - eye))
 
-    def cond(state):
+    def cond(state: tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]) -> jax.Array:
       _, _, k, res, prev = state
       return (k < max_iters) & (res > tol) & (res < prev)
 
-    def body(state):
+    def body(
+      state: tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array],
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
       z, q, k, res, _ = state
       t = 1.5 * eye - 0.5 * q
       z, q = z @ t, (q @ t) @ t
@@ -360,7 +364,7 @@ def _cholesky_upper(p: jax.Array) -> jax.Array:
   r = p.shape[-1]
   idx = jnp.arange(r)
 
-  def body(j, low):
+  def body(j: int, low: jax.Array) -> jax.Array:
     row_j = jnp.take(low, j, axis=-2)  # (..., r): L[j, :], zero at columns >= j
     col = jnp.take(p, j, axis=-1) - jnp.einsum("...ik,...k->...i", low, row_j)
     pivot = jnp.sqrt(jnp.maximum(jnp.take(col, j, axis=-1), jnp.finfo(p.dtype).tiny))
@@ -377,7 +381,7 @@ def _triangular_inverse_upper(u: jax.Array) -> jax.Array:
   idx = jnp.arange(r)
   eye = eye_like(u)
 
-  def body(k, inv):
+  def body(k: int, inv: jax.Array) -> jax.Array:
     i = r - 1 - k  # rows from the bottom: X[i] = (e_i - U[i, i+1:] X[i+1:]) / U[i, i]
     u_row = jnp.where(idx > i, jnp.take(u, i, axis=-2), 0)
     row = jnp.take(eye, i, axis=-2) - jnp.einsum("...k,...kj->...j", u_row, inv)
@@ -433,14 +437,16 @@ def _schulz_inverse(m: jax.Array, max_iterations: int) -> jax.Array:
   eye = eye_like(m)
   tol = 8 * jnp.finfo(m.dtype).eps
 
-  def residual(x):
+  def residual(x: jax.Array) -> jax.Array:
     return jnp.max(jnp.abs(eye - m @ x))
 
-  def cond(state):
+  def cond(state: tuple[jax.Array, jax.Array, jax.Array, jax.Array]) -> jax.Array:
     _, k, res, prev = state
     return (k < max_iterations) & (res > tol) & (res < prev)
 
-  def body(state):
+  def body(
+    state: tuple[jax.Array, jax.Array, jax.Array, jax.Array],
+  ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     x, k, res, _ = state
     x = x @ (2 * eye - m @ x)
     return x, k + 1, residual(x), res

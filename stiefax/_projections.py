@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 from typing import Callable
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -35,14 +36,16 @@ __all__ = [
 def _projection(
   name: str, fn: Callable[[jax.Array, jax.Array], jax.Array], frames: FramesLike
 ) -> optax.GradientTransformation:
-  def init_fn(params):
+  def init_fn(params: optax.Params) -> optax.EmptyState:
     del params
     return optax.EmptyState()
 
-  def update_fn(updates, state, params=None):
+  def update_fn(
+    updates: optax.Updates, state: optax.EmptyState, params: Optional[optax.Params] = None
+  ) -> tuple[optax.Updates, optax.EmptyState]:
     _checks.require_params(name, params, updates)
 
-    def leaf(path, u, w):
+    def leaf(path: Any, u: jax.Array, w: jax.Array) -> jax.Array:
       spec = checked_frames(frames, path, w)
       cd = _routing.update_dtype(u, w)
       out = fn(spec.to_frames(w).astype(cd), spec.to_frames(u).astype(cd))
@@ -158,7 +161,9 @@ def step_norm_cap(
 
   _checks.check_hyperparams("step_norm_cap", max_norm=max_norm)
 
-  def stiefel_frames(path, u):
+  def stiefel_frames(
+    path: Any, u: jax.Array
+  ) -> tuple[jax.Array, jax.Array, int, Callable[..., Any]]:
     spec = checked_frames(frames, path, u)
     cd = jnp.promote_types(geometry.compute_dtype(u.dtype), jnp.float32)
     eta = spec.to_frames(u).astype(cd)
@@ -182,15 +187,17 @@ def norm_cap(
   the caller.
   """
 
-  def init_fn(params):
+  def init_fn(params: optax.Params) -> optax.EmptyState:
     del params
     return optax.EmptyState()
 
-  def update_fn(updates, state, params=None):
+  def update_fn(
+    updates: optax.Updates, state: optax.EmptyState, params: Optional[optax.Params] = None
+  ) -> tuple[optax.Updates, optax.EmptyState]:
     del params
     ok = _checks.hyperparams_ok(max_norm=max_norm)  # a traced tau out of range: a NaN step
 
-    def leaf(path, u):
+    def leaf(path: Any, u: jax.Array) -> jax.Array:
       eta, sq_norm, r, restore = frames_of(path, u)
       limit = jnp.asarray(max_norm, eta.dtype) * math.sqrt(r)
       factor = _checks.nan_unless(ok, _routing.cap_factor(jnp.sqrt(sq_norm), limit))

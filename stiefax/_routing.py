@@ -22,8 +22,8 @@ def per_leaf(fn: Callable[..., Any], n_out: int, tree: Any, *rest: Any) -> tuple
   """Maps ``fn(path, leaf, *rest_leaves) -> tuple`` and unzips ``n_out`` trees."""
   treedef = jax.tree_util.tree_structure(tree)
   outs = jax.tree_util.tree_map_with_path(fn, tree, *rest)
-  flat = treedef.flatten_up_to(outs)  # type: ignore[attr-defined]
-  return tuple(treedef.unflatten([o[i] for o in flat]) for i in range(n_out))  # type: ignore[attr-defined]
+  flat = treedef.flatten_up_to(outs)  # type: ignore[attr-defined]  # PyTreeDef is opaque to mypy
+  return tuple(treedef.unflatten([o[i] for o in flat]) for i in range(n_out))  # type: ignore[attr-defined]  # PyTreeDef is opaque to mypy
 
 
 def update_dtype(u: Any, w: Any) -> jnp.dtype:

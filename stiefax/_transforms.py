@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 from typing import NamedTuple
+from typing import Optional
 import warnings
 
 import jax
@@ -83,7 +84,7 @@ _OFF_MANIFOLD = (
 OFF_MANIFOLD_TOL = 1e-3
 
 
-def _init_tolerance(dtype) -> float:
+def _init_tolerance(dtype: jax.typing.DTypeLike) -> float:
   """``max(1e-3, 4 eps(dtype))``: the init check's default tolerance for a dtype.
 
   Rounding an exactly orthonormal frame entrywise to unit roundoff ``u = eps / 2``
@@ -105,8 +106,7 @@ class ScalarMomentState(NamedTuple):
     skipped: int32 per frame, steps skipped because the update was not finite.
   """
 
-  # The field shadows tuple.count (a method), as in optax's states.
-  count: jax.Array  # type: ignore[assignment]
+  count: jax.Array  # type: ignore[assignment]  # shadows tuple.count, as optax's states do
   mu: Any
   nu: Any
   skipped: Any
@@ -122,8 +122,7 @@ class ElementwiseMomentState(NamedTuple):
     skipped: int32 per frame, steps skipped because the update was not finite.
   """
 
-  # The field shadows tuple.count (a method), as in optax's states.
-  count: jax.Array  # type: ignore[assignment]
+  count: jax.Array  # type: ignore[assignment]  # shadows tuple.count, as optax's states do
   mu: Any
   nu: Any
   skipped: Any
@@ -143,8 +142,8 @@ def _moment(
   tangent = geometry.projection(geometry.projection(projector).transport).project
   state_cls = ElementwiseMomentState if elementwise else ScalarMomentState
 
-  def init_fn(params):
-    def leaf(path, w):
+  def init_fn(params: optax.Params) -> ScalarMomentState | ElementwiseMomentState:
+    def leaf(path: Any, w: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
       spec = checked_frames(frames, path, w)
       nu_dtype = jnp.promote_types(geometry.compute_dtype(w.dtype), jnp.float32)
       # zeros_like: a state built from sharded params is sharded like them.
@@ -156,11 +155,22 @@ def _moment(
     mu, nu, skipped = _routing.per_leaf(leaf, 3, params)
     return state_cls(jnp.zeros([], jnp.int32), mu, nu, skipped)
 
-  def update_fn(updates, state, params=None):
+  def update_fn(
+    updates: optax.Updates,
+    state: ScalarMomentState | ElementwiseMomentState,
+    params: Optional[optax.Params] = None,
+  ) -> tuple[optax.Updates, ScalarMomentState | ElementwiseMomentState]:
     _checks.require_params(name, params, updates)
     count = optax.safe_increment(state.count)
 
-    def leaf(path, u, w, mu, nu, skipped):
+    def leaf(
+      path: Any,
+      u: jax.Array,
+      w: jax.Array,
+      mu: jax.Array,
+      nu: jax.Array,
+      skipped: jax.Array,
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
       spec = checked_frames(frames, path, w)
       cd = jnp.promote_types(_routing.update_dtype(u, w), nu.dtype)
       wf = spec.to_frames(w).astype(cd)
@@ -433,7 +443,9 @@ def retract(
   return _retract(frames, retraction, method, step_bound, init_tol, name)
 
 
-def _check_on_manifold(err: Any, *, name, path, shape, dtype, tol) -> None:
+def _check_on_manifold(
+  err: Any, *, name: str, path: str, shape: tuple[int, ...], dtype: str, tol: float
+) -> None:
   """The ValueError of ``init`` for a frame with ``max|W^T W - I| = err > tol``."""
   err = float(err)
   if not err <= tol:
@@ -462,8 +474,8 @@ def _retract(
     # The caller of polar_retract / retract.
     warnings.warn(_LAPACK_WARNING.format(method=method), RuntimeWarning, stacklevel=3)
 
-  def init_fn(params):
-    def leaf(path, w):
+  def init_fn(params: optax.Params) -> PolarRetractState:
+    def leaf(path: Any, w: jax.Array) -> jax.Array:
       spec = checked_frames(frames, path, w)
       skipped = _routing.zeros_per_frame(spec, w, jnp.int32)  # also validates the axes, r <= d
       tol = _init_tolerance(w.dtype) if init_tol is None else float(init_tol)
@@ -494,10 +506,14 @@ def _retract(
 
     return PolarRetractState(jax.tree_util.tree_map_with_path(leaf, params))
 
-  def update_fn(updates, state, params=None):
+  def update_fn(
+    updates: optax.Updates, state: PolarRetractState, params: Optional[optax.Params] = None
+  ) -> tuple[optax.Updates, PolarRetractState]:
     _checks.require_params(name, params, updates)
 
-    def leaf(path, u, w, skipped):
+    def leaf(
+      path: Any, u: jax.Array, w: jax.Array, skipped: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
       spec = checked_frames(frames, path, w)
       cd = _routing.update_dtype(u, w)
       delta, finite = geometry.retraction_step(

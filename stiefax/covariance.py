@@ -106,7 +106,7 @@ def _frame_matmul(
 ) -> Any:
   """``M W`` (side ``"left"``) or ``W M`` (``"right"``) for every selected frame."""
 
-  def leaf(path, x):
+  def leaf(path: Any, x: jax.Array) -> jax.Array:
     spec = resolve_frames(frames, path, x)
     batch_shape, d, r = spec.frame_shape(x.shape)
     n = d if side == "left" else r
@@ -289,7 +289,7 @@ def gradient_scale(c: float) -> Action:
   if isinstance(c, (int, float)) and not c > 0:
     raise ValueError(f"gradient_scale needs a positive factor c, got c={c}.")
 
-  def loss_map(loss_fn):
+  def loss_map(loss_fn: Callable[..., Any]) -> Callable[..., Any]:
     return lambda params, *args, **kwargs: c * loss_fn(params, *args, **kwargs)
 
   identity = lambda p: p
@@ -349,8 +349,8 @@ def covariance_violation(
   loss_prime = action.loss(loss_fn)
   grad, grad_prime = jax.grad(loss_fn), jax.grad(loss_prime)
 
-  def run(theta, theta_p):
-    def body(carry, _):
+  def run(theta: Any, theta_p: Any) -> jax.Array:
+    def body(carry: tuple[Any, ...], _: None) -> tuple[tuple[Any, ...], jax.Array]:
       theta, state, theta_p, state_p = carry
       u, state = tx.update(grad(theta), state, theta)
       theta = optax.apply_updates(theta, u)

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import optax
 
 from stiefax import geometry
+from stiefax._frames import FrameSpec
 from stiefax._layouts import STIEFEL_LABEL
 from stiefax._layouts import path_names
 from stiefax._resolve import FramesLike
@@ -49,7 +50,9 @@ __all__ = [
 ]
 
 
-def _labelled_leaves(params: Any, labels: LabelsLike, label: str, frames: FramesLike):
+def _labelled_leaves(
+  params: Any, labels: LabelsLike, label: str, frames: FramesLike
+) -> list[tuple[int, Any, FrameSpec, jax.Array]]:
   """``[(index, path, spec, leaf)]`` for the labelled leaves (see ``resolve_labels``).
 
   ``index`` is the leaf's position in ``jax.tree.leaves(params)``.
@@ -62,7 +65,9 @@ def _labelled_leaves(params: Any, labels: LabelsLike, label: str, frames: Frames
   ]
 
 
-def _frame_leaves(params: Any, labels: LabelsLike, label: str, frames: FramesLike):
+def _frame_leaves(
+  params: Any, labels: LabelsLike, label: str, frames: FramesLike
+) -> list[tuple[FrameSpec, jax.Array]]:
   """``[(spec, leaf)]`` for the labelled leaves."""
   return [(spec, x) for _, _, spec, x in _labelled_leaves(params, labels, label, frames)]
 
@@ -264,7 +269,7 @@ def _householder_product(vs: jax.Array) -> jax.Array:
   d = vs.shape[-1]
   eye = jnp.eye(d, dtype=vs.dtype)
 
-  def body(q, v):
+  def body(q: jax.Array, v: jax.Array) -> tuple[jax.Array, None]:
     u = v / jnp.sqrt(jnp.sum(jnp.square(v)))
     return q - 2.0 * jnp.outer(q @ u, u), None
 
@@ -346,7 +351,9 @@ def equivariance_violation(
 
 
 @functools.partial(jax.jit, static_argnames=("d", "r", "heads", "rotations", "dtype"))
-def _equivariance_problem(key, d, r, heads, rotations, dtype):
+def _equivariance_problem(
+  key: jax.Array, d: int, r: int, heads: int, rotations: int, dtype: jax.typing.DTypeLike
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Rotations ``Q`` and the starting kernels and matrices of the Table 9 problems.
 
   Index 0 is the unrotated problem ``(W_0, A)``, index ``i`` is ``(Q_i^T W_0, Q_i^T A
@@ -364,11 +371,15 @@ def _equivariance_problem(key, d, r, heads, rotations, dtype):
 
 
 @functools.partial(jax.jit, static_argnames=("tx", "steps"))
-def _equivariance_trajectories(tx, w_start, a_all, steps):
+def _equivariance_trajectories(
+  tx: optax.GradientTransformation, w_start: jax.Array, a_all: jax.Array, steps: int
+) -> jax.Array:
   """``steps`` updates of ``tx`` on each problem ``f(W) = -tr(W^T A W)``, batched."""
 
-  def run(w, a):
-    def body(carry, _):
+  def run(w: jax.Array, a: jax.Array) -> jax.Array:
+    def body(
+      carry: tuple[jax.Array, optax.OptState], _: None
+    ) -> tuple[tuple[jax.Array, optax.OptState], None]:
       w, state = carry
       g = -2.0 * jnp.einsum("de,ehr->dhr", a, w)
       u, state = tx.update(g, state, w)

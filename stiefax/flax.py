@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 from typing import Callable
+from typing import Optional
+from typing import Sequence
 
 import chex
 from flax import nnx
@@ -43,10 +45,12 @@ __all__ = [
 ]
 
 
-def _map_labelled(fn: Callable, params: Any, labels: LabelsLike, label: str, frames: FramesLike):
+def _map_labelled(
+  fn: Callable, params: Any, labels: LabelsLike, label: str, frames: FramesLike
+) -> Any:
   tree = resolve_labels(params, labels)
 
-  def leaf(path, lab, w):
+  def leaf(path: Any, lab: Any, w: jax.Array) -> Optional[jax.Array]:
     if lab != label:
       return None
     return fn(checked_frames(frames, path, w), w)
@@ -85,7 +89,9 @@ def orthonormal_init(frames: FramesLike = None) -> Callable[..., chex.Array]:
       f" (path, leaf) -> FrameSpec, got {frames!r}."
     )
 
-  def init(key, shape, dtype=jnp.float32):
+  def init(
+    key: jax.Array, shape: Sequence[int], dtype: jax.typing.DTypeLike = jnp.float32
+  ) -> jax.Array:
     spec = resolve_frames(frames, (), jax.ShapeDtypeStruct(tuple(shape), dtype))
     spec.frame_shape(shape)  # validates the spec for this shape
     # With ``select`` every slice is drawn orthonormal, the unselected ones too.
@@ -143,7 +149,7 @@ def project_params(
       unchanged by accident.
   """
 
-  def snap(spec, w):
+  def snap(spec: FrameSpec, w: jax.Array) -> jax.Array:
     rest = None if spec.select is None else spec.rest(w)  # kept bit for bit
     return spec.from_frames(geometry.polar(spec.to_frames(w), method), w.shape, rest)
 
@@ -188,7 +194,7 @@ def orthogonality_penalty(
     A scalar.
   """
 
-  def penalty(spec, w):
+  def penalty(spec: FrameSpec, w: jax.Array) -> jax.Array:
     wf = spec.to_frames(w)
     gram = geometry.mT(wf) @ wf
     return jnp.sum(jnp.square(gram - geometry.eye_like(gram)))

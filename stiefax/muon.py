@@ -145,7 +145,9 @@ def spectral_tangent_direction(
   c = sym(c)
   b = m - sym(m) if multiplier is None else m + 2 * multiplier
 
-  def evaluate(b):
+  def evaluate(
+    b: jax.Array,
+  ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
     """The direction of ``b`` made feasible, its residual and its relative gap."""
     z, root = geometry.inverse_sqrt(mT(b) @ b + c, ns_iterations)
     tangency = sym(b @ z)  # sym(W^T A) for A = Y Z
@@ -159,7 +161,9 @@ def spectral_tangent_direction(
     gap = (dual - primal) / jnp.where(dual > 0, dual, 1)
     return z, root, tangency, residual, scale, gap
 
-  def step(_, carry):
+  def step(
+    _: jax.Array, carry: tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]
+  ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
     b, best, best_gap, best_dir, alpha = carry
     z, root, _, _, _, gap = evaluate(b)
     better = gap < best_gap
@@ -194,8 +198,7 @@ class ManifoldMuonState(NamedTuple):
     skipped: int32 per frame, steps skipped because the gradient was not finite.
   """
 
-  # The field shadows tuple.count (a method), as in optax's states.
-  count: jax.Array  # type: ignore[assignment]
+  count: jax.Array  # type: ignore[assignment]  # shadows tuple.count, as optax's states do
   mu: Any
   multiplier: Any
   residual: Any
@@ -272,8 +275,10 @@ def manifold_muon(
   bound = float(learning_rate) if isinstance(learning_rate, (int, float)) else None
   lr_tx = optax.scale_by_learning_rate(learning_rate)
 
-  def init_fn(params):
-    def leaf(path, w):
+  def init_fn(params: optax.Params) -> ManifoldMuonState:
+    def leaf(
+      path: Any, w: jax.Array
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
       spec = checked_frames(frames, path, w)
       skipped = _routing.zeros_per_frame(spec, w, jnp.int32)
       cd = jnp.promote_types(geometry.compute_dtype(w.dtype), jnp.float32)
@@ -291,7 +296,9 @@ def manifold_muon(
     mu, multiplier, residual, gap, skipped = _routing.per_leaf(leaf, 5, params)
     return ManifoldMuonState(jnp.zeros([], jnp.int32), mu, multiplier, residual, gap, skipped)
 
-  def update_fn(updates, state, params=None):
+  def update_fn(
+    updates: optax.Updates, state: ManifoldMuonState, params: Optional[optax.Params] = None
+  ) -> tuple[optax.Updates, ManifoldMuonState]:
     _checks.require_params("manifold_muon", params, updates)
     mstate = state
     count = optax.safe_increment(mstate.count)
@@ -306,7 +313,16 @@ def manifold_muon(
     lr = -neg_lr if callable(learning_rate) else learning_rate
     ok = _checks.hyperparams_ok(beta=beta, learning_rate=lr)
 
-    def leaf(path, g, w, mu, lam, res, gap, skipped):
+    def leaf(
+      path: Any,
+      g: jax.Array,
+      w: jax.Array,
+      mu: jax.Array,
+      lam: jax.Array,
+      res: jax.Array,
+      gap: jax.Array,
+      skipped: jax.Array,
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
       spec = checked_frames(frames, path, w)
       cd = jnp.promote_types(geometry.compute_dtype(g.dtype), lam.dtype)
       wf = spec.to_frames(w).astype(cd)

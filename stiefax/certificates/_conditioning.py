@@ -30,7 +30,7 @@ from stiefax.certificates._problems import skew
 from stiefax.certificates._problems import sym
 
 
-def _steps(seed: int, salt: int):
+def _steps(seed: int, salt: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
   """A point and tangent steps of Frobenius norm 1e-3 ... 1e3 (plus a rank-1 step)."""
   rng = seeded_rng(seed, salt)
   w = haar(rng, (H, D, R))
@@ -68,7 +68,7 @@ def sigma_min_tangent(seed: int = 0, *, vacuous: bool = False) -> Certificate:
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     w, g, steps = _steps(seed, 11)
     if control:
       s = sym(mT(w) @ g)
@@ -104,7 +104,7 @@ def gram_identity(seed: int = 0, *, vacuous: bool = False) -> Certificate:
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     w, g, steps = _steps(seed, 12)
     if control:
       steps = [g / norm(g)[:, None, None]]
@@ -147,7 +147,7 @@ def angle_bound(
   """
   bound = math.atan(TAU * math.sqrt(R))
 
-  def measure(control):
+  def measure(control: bool) -> float:
     rng = seeded_rng(seed, 13)
     w = haar(rng, (H, D, R))
     horizontal = project(rng.standard_normal(w.shape), w, "grassmann")
@@ -186,7 +186,7 @@ def angle_tangents(seed: int = 0, *, vacuous: bool = False) -> Certificate:
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     rng = seeded_rng(seed, 14)
     full = haar(rng, (H, D, D))
     w, w_perp = full[..., :R], full[..., R:]
@@ -225,7 +225,7 @@ def retraction_isometry(seed: int = 0, *, vacuous: bool = False) -> Certificate:
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     w, _, steps = _steps(seed, 15)
     tx = retract_tx()
     worst = 0.0

@@ -56,7 +56,7 @@ def decay_is_normal(seed: int = 0, *, vacuous: bool = False) -> Certificate:
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     rng = seeded_rng(seed, 17)
     w = haar(rng, (H, D, R))
     if control:
@@ -90,7 +90,7 @@ def adam_ignores_decay(seed: int = 0, *, vacuous: bool = False) -> Certificate:
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> jax.Array:
     tx = euclidean_adam_tx(1e-2) if control else adam_tx()
     a, w0, _ = quadratic(seed, 18)
     plain = trajectory(tx, w0, a, 1.0, 0.0, 10)
@@ -122,7 +122,7 @@ def stiefel_adamw_exempts_frames(seed: int = 0, *, vacuous: bool = False) -> Cer
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     rng = seeded_rng(seed, 19)
     params = {
       "query": {"kernel": as_kernel(haar(rng, (H, D, R)))},
@@ -142,7 +142,9 @@ def stiefel_adamw_exempts_frames(seed: int = 0, *, vacuous: bool = False) -> Cer
 
 
 @functools.partial(jax.jit, static_argnames=("tx",))
-def _two_steps(tx, params, grads):
+def _two_steps(
+  tx: optax.GradientTransformation, params: optax.Params, grads: optax.Updates
+) -> optax.Params:
   state = tx.init(params)
   for _ in range(2):
     u, state = tx.update(grads, state, params)
@@ -150,7 +152,7 @@ def _two_steps(tx, params, grads):
   return params
 
 
-def _decay_problem(seed: int, salt: int):
+def _decay_problem(seed: int, salt: int) -> tuple[np.ndarray, np.ndarray, float]:
   rng = seeded_rng(seed, salt)
   w = haar(rng, (H, D, R))
   eta = project(rng.standard_normal(w.shape), w)
@@ -180,7 +182,7 @@ def decay_absorbed(seed: int = 0, *, vacuous: bool = False) -> Certificate:
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     w, eta, shrink = _decay_problem(seed, 20)
     lhs = polar((1 - shrink) * w + eta)
     rhs = polar(w + (eta if control else eta / (1 - shrink)))
@@ -210,7 +212,7 @@ def polar_retract_absorbs_decay(seed: int = 0, *, vacuous: bool = False) -> Cert
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     w, eta, shrink = _decay_problem(seed, 21)
     tx = retract_tx()
     lhs = one_update(tx, as_kernel(eta - shrink * w), as_kernel(w))

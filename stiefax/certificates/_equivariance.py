@@ -52,13 +52,15 @@ def _column_moment(b1: float, b2: float, eps: float, axis: int) -> optax.Gradien
   """
   spec = FrameSpec()
 
-  def init_fn(params):
+  def init_fn(params: jax.Array) -> _ColumnMomentState:
     frames = spec.to_frames(params)
     nu = jnp.zeros_like(jnp.sum(frames, axis=axis, keepdims=True))
     return _ColumnMomentState(jnp.zeros([], jnp.int32), jnp.zeros_like(params), nu)
 
-  def update_fn(updates, state, params=None):
-    w, xi = spec.to_frames(params), spec.to_frames(updates)
+  def update_fn(
+    updates: jax.Array, state: _ColumnMomentState, params: Optional[jax.Array] = None
+  ) -> tuple[jax.Array, _ColumnMomentState]:
+    w, xi = spec.to_frames(params), spec.to_frames(updates)  # type: ignore[arg-type]  # update is always given params
     steps = optax.safe_increment(state.steps)
     m = geometry.stiefel_tangent(w, b1 * spec.to_frames(state.mu) + (1 - b1) * xi)
     v = b2 * state.nu + (1 - b2) * jnp.sum(jnp.square(xi), axis=axis, keepdims=True)
@@ -74,7 +76,7 @@ def _column_moment(b1: float, b2: float, eps: float, axis: int) -> optax.Gradien
 
 
 @cached_tx
-def _column_adam(axis: int, lr: float):
+def _column_adam(axis: int, lr: float) -> optax.GradientTransformation:
   return optax.chain(
     _projections.stiefel_project(),
     _column_moment(0.9, 0.999, 1e-8, axis),
@@ -84,7 +86,7 @@ def _column_adam(axis: int, lr: float):
   )
 
 
-def _violation(tx, seed: int) -> float:
+def _violation(tx: optax.GradientTransformation, seed: int) -> float:
   return float(diagnostics.equivariance_violation(tx, key=jax.random.key(seed)))
 
 
@@ -113,7 +115,7 @@ def scalar_moment_equivariance(
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     if control:
       return _violation(adam_tx(0.03, moment="elementwise"), seed)
     return _violation(adam_tx() if tx is None else tx, seed)
@@ -143,7 +145,7 @@ def per_column_equivariance(seed: int = 0, *, vacuous: bool = False) -> Certific
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     return _violation(_column_adam(-1, 0.03) if control else _column_adam(-2, 1.0), seed)
 
   return certify(measure, vacuous)
@@ -170,7 +172,7 @@ def sgd_equivariance(seed: int = 0, *, vacuous: bool = False) -> Certificate:
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     return _violation(euclidean_adam_tx(1e-2) if control else sgd_tx(0.02), seed)
 
   return certify(measure, vacuous)
@@ -200,7 +202,7 @@ def equivariance_ingredients(seed: int = 0, *, vacuous: bool = False) -> Certifi
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     rng = seeded_rng(seed, 16)
     w = haar(rng, (H, D, R))
     g = rng.standard_normal(w.shape)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import jax
 import jax.numpy as jnp
 
 from stiefax.certificates._core import Certificate
@@ -46,7 +47,7 @@ def joint_action_invariance(seed: int = 0, *, vacuous: bool = False) -> Certific
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> jax.Array:
     p, rng = attention_problem(seed)
     rot = as_kernel(haar(rng, (H, R, R)))  # (r, H, r): one R per head
     rotate = lambda w: jnp.einsum("dhr,rhs->dhs", w, rot)
@@ -83,7 +84,7 @@ def joint_gauge_gradient(
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> jax.Array:
     p, rng = attention_problem(seed)
     if control:
       g_q, g_k = (jnp.asarray(rng.standard_normal((D, H, R))) for _ in range(2))
@@ -119,7 +120,7 @@ def gauge_orbit_derivative(seed: int = 0, *, vacuous: bool = False) -> Certifica
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> jax.Array:
     p, rng = attention_problem(seed)
     omega = skew(rng.standard_normal((H, R, R)))
     t_q = as_kernel(as_frames(p.w_q) @ omega)

@@ -8,6 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import scipy.linalg
 import scipy.optimize
 
@@ -34,7 +35,7 @@ MUON_LR = 0.1
 
 
 @cached_tx
-def _mmuon():
+def _mmuon() -> optax.GradientTransformation:
   return muon.manifold_muon(MUON_LR)
 
 
@@ -75,7 +76,7 @@ def mmuon_tangent(seed: int = 0, *, vacuous: bool = False) -> Certificate:
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     w, eta = _muon_steps(seed, 30, control)
     t = mT(w) @ eta
     return np.max(np.abs(t + mT(t))) / MUON_LR
@@ -107,7 +108,7 @@ def mmuon_spectral_norm(seed: int = 0, *, vacuous: bool = False) -> Certificate:
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     rng = seeded_rng(seed, 31)
     w = haar(rng, (H, D, R))
     worst = 0.0
@@ -154,14 +155,14 @@ def scipy_spectral_step(w: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, Any]:
   na, iu = len(basis), np.triu_indices(r)
   lin = np.einsum("kdr,dr->k", basis, g / np.linalg.norm(g))
 
-  def split(x):
+  def split(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.einsum("k,kdr->dr", x[:na], basis), np.einsum("k,krs->rs", x[na:], low_basis)
 
-  def eq(x):
+  def eq(x: np.ndarray) -> np.ndarray:
     a, low = split(x)
     return (a.T @ a + low @ low.T - np.eye(r))[iu]
 
-  def eq_jac(x):
+  def eq_jac(x: np.ndarray) -> np.ndarray:
     a, low = split(x)
     ja = np.einsum("kdr,ds->krs", basis, a)
     jl = np.einsum("krs,ts->krt", low_basis, low)
@@ -218,7 +219,7 @@ def mmuon_optimum(seed: int = 0, *, vacuous: bool = False) -> Certificate:
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     rng = seeded_rng(seed, 32)
     w = haar(rng, (3, 10, 3))
     g = rng.standard_normal(w.shape)

@@ -7,6 +7,7 @@ transform static) alive across certificates and calls.
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import optax
 
@@ -22,35 +23,37 @@ cached_tx = functools.lru_cache(maxsize=None)
 
 
 @cached_tx
-def adam_tx(lr=1.0, eps=1e-8, max_norm=TAU, moment="scalar"):
+def adam_tx(
+  lr: float = 1.0, eps: float = 1e-8, max_norm: Optional[float] = TAU, moment: str = "scalar"
+) -> optax.GradientTransformation:
   return riemannian_adam(lr, b1=0.9, b2=0.999, eps=eps, max_norm=max_norm, moment=moment)
 
 
 @cached_tx
-def retract_tx():
+def retract_tx() -> optax.GradientTransformation:
   return _transforms.polar_retract()
 
 
 @cached_tx
-def cap_tx():
+def cap_tx() -> optax.GradientTransformation:
   return _projections.step_norm_cap(TAU)
 
 
 @cached_tx
-def stiefel_adamw_tx(weight_decay):
+def stiefel_adamw_tx(weight_decay: float) -> optax.GradientTransformation:
   return stiefel_adamw(0.01, weight_decay=weight_decay)
 
 
 @cached_tx
-def sgd_tx(lr=0.02):
+def sgd_tx(lr: float = 0.02) -> optax.GradientTransformation:
   return riemannian_sgd(lr)
 
 
 @cached_tx
-def euclidean_adam_tx(lr=1e-2):
+def euclidean_adam_tx(lr: float = 1e-2) -> optax.GradientTransformation:
   return optax.adamw(lr, weight_decay=0.0)
 
 
 @cached_tx
-def moment_tx(b1=0.9, b2=0.999, eps=0.0):
+def moment_tx(b1: float = 0.9, b2: float = 0.999, eps: float = 0.0) -> optax.GradientTransformation:
   return _transforms.scalar_moment(b1, b2, eps)

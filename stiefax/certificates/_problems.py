@@ -31,7 +31,7 @@ def seeded_rng(seed: int, salt: int) -> np.random.Generator:
   return np.random.default_rng([int(seed), salt])
 
 
-def haar(rng: np.random.Generator, shape) -> np.ndarray:
+def haar(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
   """Haar-random orthonormal frames ``(..., d, r)`` (QR of a Gaussian, signs fixed)."""
   q, r = np.linalg.qr(rng.standard_normal(shape))
   return q * np.sign(np.diagonal(r, axis1=-2, axis2=-1))[..., None, :]
@@ -42,7 +42,7 @@ def as_kernel(frames: np.ndarray) -> jax.Array:
   return jnp.asarray(np.transpose(frames, (1, 0, 2)), jnp.float64)
 
 
-def as_frames(kernel) -> np.ndarray:
+def as_frames(kernel: jax.typing.ArrayLike) -> np.ndarray:
   """A ``(d, H, r)`` kernel -> ``(H, d, r)`` NumPy float64 frames."""
   return np.transpose(np.asarray(kernel, np.float64), (1, 0, 2))
 
@@ -69,11 +69,13 @@ def inner(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 @functools.partial(jax.jit, static_argnames=("tx",))
-def _fresh_update(tx, g, w):
+def _fresh_update(tx: optax.GradientTransformation, g: jax.Array, w: jax.Array) -> optax.Updates:
   return tx.update(g, tx.init(w), w)[0]
 
 
-def one_update(tx: optax.GradientTransformation, g, w) -> np.ndarray:
+def one_update(
+  tx: optax.GradientTransformation, g: jax.typing.ArrayLike, w: jax.typing.ArrayLike
+) -> np.ndarray:
   """One update of ``tx`` from a fresh state, as ``(H, d, r)`` frames (compiled per tx)."""
   return as_frames(_fresh_update(tx, jnp.asarray(g, jnp.float64), jnp.asarray(w, jnp.float64)))
 
@@ -146,14 +148,16 @@ class Attention(NamedTuple):
   w_k: jax.Array  # (d, H, r) key frames.
 
 
-def scores(x, wq, wk):
+def scores(x: jax.Array, wq: jax.Array, wk: jax.Array) -> jax.Array:
   """Attention scores ``(X W_Q)(X W_K)^T / sqrt(r)`` per head, ``(H, n, n)``."""
   q = jnp.einsum("nd,dhr->hnr", x, wq)
   k = jnp.einsum("nd,dhr->hnr", x, wk)
   return jnp.einsum("hnr,hmr->hnm", q, k) / math.sqrt(q.shape[-1])
 
 
-def attention_loss(x, w_v, target, wq, wk):
+def attention_loss(
+  x: jax.Array, w_v: jax.Array, target: jax.Array, wq: jax.Array, wk: jax.Array
+) -> jax.Array:
   """A scalar function of the scores: softmax attention, tanh readout."""
   p = jax.nn.softmax(scores(x, wq, wk), axis=-1)
   out = jnp.einsum("hnm,md,dhr->nhr", p, x, w_v)
@@ -165,15 +169,30 @@ attention_grad = jax.jit(jax.grad(attention_loss, argnums=(3, 4)))
 
 
 @jax.jit
-def attention_jvp(x, w_v, target, wq, wk, tq, tk):
+def attention_jvp(
+  x: jax.Array,
+  w_v: jax.Array,
+  target: jax.Array,
+  wq: jax.Array,
+  wk: jax.Array,
+  tq: jax.Array,
+  tk: jax.Array,
+) -> jax.Array:
   return jax.jvp(lambda a, b: attention_loss(x, w_v, target, a, b), (wq, wk), (tq, tk))[1]
 
 
 @jax.jit
-def retraction_derivatives(x, w_v, target, frames, wk, directions):
+def retraction_derivatives(
+  x: jax.Array,
+  w_v: jax.Array,
+  target: jax.Array,
+  frames: jax.Array,
+  wk: jax.Array,
+  directions: jax.Array,
+) -> jax.Array:
   """``d/dt loss(polar(W + t xi))`` at 0 for each direction ``xi`` (forward mode)."""
 
-  def one(xi):
+  def one(xi: jax.Array) -> jax.Array:
     curve = lambda t: attention_loss(
       x, w_v, target, jnp.swapaxes(geometry.polar(frames + t * xi), 0, 1), wk
     )
@@ -195,7 +214,7 @@ def attention_problem(seed: int) -> tuple[Attention, np.random.Generator]:
   return Attention(x, w_v, target, w_q, w_k), rng
 
 
-def quadratic(seed: int, salt: int):
+def quadratic(seed: int, salt: int) -> tuple[jax.Array, jax.Array, np.random.Generator]:
   """``f(W) = -tr(W^T A W)`` summed over heads: ``A`` and a starting kernel."""
   rng = seeded_rng(seed, salt)
   n = rng.standard_normal((D, D))
@@ -204,7 +223,14 @@ def quadratic(seed: int, salt: int):
 
 
 @functools.partial(jax.jit, static_argnames=("tx", "steps"))
-def trajectory(tx, w0, a, scale, decay, steps):
+def trajectory(
+  tx: optax.GradientTransformation,
+  w0: jax.Array,
+  a: jax.Array,
+  scale: jax.typing.ArrayLike,
+  decay: jax.typing.ArrayLike,
+  steps: int,
+) -> jax.Array:
   """``steps`` updates of ``tx`` on ``f(W) = -tr(W^T A W)``.
 
   The gradient fed to ``tx`` is ``scale * (-2 A W) + decay * W`` (a coupled L2 term
@@ -213,7 +239,9 @@ def trajectory(tx, w0, a, scale, decay, steps):
   batched over rotations), with the gradient scale and decay of Propositions 3 and 8.
   """
 
-  def body(carry, _):
+  def body(
+    carry: tuple[jax.Array, optax.OptState], _: None
+  ) -> tuple[tuple[jax.Array, optax.OptState], None]:
     w, state = carry
     g = scale * (-2.0 * jnp.einsum("de,ehr->dhr", a, w)) + decay * w
     u, state = tx.update(g, state, w)
@@ -223,7 +251,7 @@ def trajectory(tx, w0, a, scale, decay, steps):
   return w
 
 
-def gradient_at_point(seed: int, salt: int):
+def gradient_at_point(seed: int, salt: int) -> tuple[np.ndarray, np.ndarray]:
   """A query-kernel gradient of the attention loss and its point, as frames."""
   p, _ = attention_problem(seed + 7919 * salt)
   g, _ = attention_grad(p.x, p.w_v, p.target, p.w_q, p.w_k)

@@ -21,7 +21,7 @@ from stiefax.certificates._problems import seeded_rng
 
 
 @jax.jit
-def _retraction_jets(w, xi):
+def _retraction_jets(w: jax.Array, xi: jax.Array) -> list[tuple[jax.Array, jax.Array]]:
   """``R(0)`` and ``d/dt R(t xi)`` at 0 for polar, QR and Cayley (forward mode)."""
   fns = (
     lambda t: geometry.polar(w + t * xi),
@@ -37,10 +37,10 @@ _cayley_jit = jax.jit(geometry.cayley_retract)
 
 
 @jax.jit
-def _uncorrected_cayley_jet(w, xi):
+def _uncorrected_cayley_jet(w: jax.Array, xi: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Cayley with Wen and Yin's generator ``xi W^T - W xi^T`` (no ``P``): ``R'(0) != xi``."""
 
-  def curve(t):
+  def curve(t: jax.Array) -> jax.Array:
     om = t * (xi @ jnp.swapaxes(w, -1, -2) - w @ jnp.swapaxes(xi, -1, -2))
     eye = jnp.broadcast_to(jnp.eye(w.shape[-2], dtype=w.dtype), om.shape)
     return jnp.linalg.solve(eye - om / 2, (eye + om / 2) @ w)

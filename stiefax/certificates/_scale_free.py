@@ -12,6 +12,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from stiefax.certificates._core import Certificate
 from stiefax.certificates._core import certificate
@@ -36,7 +37,7 @@ from stiefax.certificates._problems import seeded_rng
 from stiefax.certificates._problems import trajectory
 
 
-def _first_step(tx, w: np.ndarray, g: np.ndarray) -> np.ndarray:
+def _first_step(tx: optax.GradientTransformation, w: np.ndarray, g: np.ndarray) -> np.ndarray:
   """The tangent step of the first update of ``tx``, lifted from its retraction."""
   return lift(w, w + one_update(tx, as_kernel(g), as_kernel(w)))
 
@@ -64,7 +65,7 @@ def sgd_degree_one(seed: int = 0, *, vacuous: bool = False) -> Certificate:
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     w, g = gradient_at_point(seed, 5)
     tx = adam_tx(0.02, eps=0.0, max_norm=None) if control else sgd_tx(0.02)
     base = _first_step(tx, w, g)
@@ -98,7 +99,7 @@ def sgd_step_norm(seed: int = 0, *, vacuous: bool = False) -> Certificate:
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     w, g = gradient_at_point(seed, 6)
     lr = 0.02
     step = norm(_first_step(sgd_tx(lr), w, g))
@@ -108,7 +109,9 @@ def sgd_step_norm(seed: int = 0, *, vacuous: bool = False) -> Certificate:
   return certify(measure, vacuous)
 
 
-def _scale_free_residual(tx, seed: int, salt: int, steps: int = 10) -> float:
+def _scale_free_residual(
+  tx: optax.GradientTransformation, seed: int, salt: int, steps: int = 10
+) -> float:
   """``max_c max|W_T(c g) - W_T(g)|`` over ``c`` in ``{1e-3, 1e3}``: trajectories."""
   a, w0, _ = quadratic(seed, salt)
   ref = trajectory(tx, w0, a, 1.0, 0.0, steps)
@@ -140,7 +143,7 @@ def adam_degree_zero(seed: int = 0, *, vacuous: bool = False) -> Certificate:
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     return _scale_free_residual(adam_tx(1.0, eps=1e-2 if control else 0.0), seed, 7)
 
   return certify(measure, vacuous)
@@ -167,7 +170,7 @@ def adam_degree_zero_uncapped(seed: int = 0, *, vacuous: bool = False) -> Certif
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     tx = sgd_tx(0.05) if control else adam_tx(0.05, eps=0.0, max_norm=None)
     return _scale_free_residual(tx, seed, 8)
 
@@ -198,7 +201,7 @@ def adam_first_step(seed: int = 0, *, vacuous: bool = False) -> Certificate:
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     w, g = gradient_at_point(seed, 9)
     worst = 0.0
     for lr in (0.1, 1.0):
@@ -217,7 +220,9 @@ def adam_first_step(seed: int = 0, *, vacuous: bool = False) -> Certificate:
 # ----------------------------------------------------------------------------
 
 
-def _moment_ratio(tx, seed: int, growth: float, steps: int = 60) -> float:
+def _moment_ratio(
+  tx: optax.GradientTransformation, seed: int, growth: float, steps: int = 60
+) -> float:
   """``max_t ||m_hat_t|| / sqrt(v_hat_t) - 1`` for a moment at ``eps = 0``.
 
   The output of the shipped moment at ``eps = 0`` is ``m_hat_t / sqrt(v_hat_t)``, so
@@ -266,7 +271,7 @@ def jensen_equal_betas(seed: int = 0, *, vacuous: bool = False) -> Certificate:
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     return _moment_ratio(moment_tx(0.9, 0.999 if control else 0.9), seed, 1.1)
 
   return certify(measure, vacuous)
@@ -296,7 +301,7 @@ def jensen_nonincreasing(seed: int = 0, *, vacuous: bool = False) -> Certificate
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     return _moment_ratio(moment_tx(0.9, 0.999), seed, 1.1 if control else 0.97)
 
   return certify(measure, vacuous)

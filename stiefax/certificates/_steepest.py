@@ -44,7 +44,7 @@ def tangent_projection(seed: int = 0, *, vacuous: bool = False) -> Certificate:
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     w, g = gradient_at_point(seed, 2)
     kind = "canonical" if control else "stiefel"
     xi = project(g, w, kind)
@@ -82,7 +82,7 @@ def riemannian_gradient(seed: int = 0, *, vacuous: bool = False) -> Certificate:
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     p, rng = attention_problem(seed + 2)
     w = as_frames(p.w_q)
     g = as_frames(attention_grad(p.x, p.w_v, p.target, p.w_q, p.w_k)[0])
@@ -121,7 +121,7 @@ def steepest_descent(seed: int = 0, *, vacuous: bool = False) -> Certificate:
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     w, g = gradient_at_point(seed, 3)
     rng = seeded_rng(seed, 3)
     best = project(g, w, "grassmann" if control else "stiefel")
@@ -166,7 +166,7 @@ def grassmann_split(seed: int = 0, *, vacuous: bool = False) -> Certificate:
     A :class:`Certificate`.
   """
 
-  def measure(control):
+  def measure(control: bool) -> float:
     w, g = gradient_at_point(seed, 4)
     tangent = norm(project(g, w)) ** 2
     horizontal = norm(project(g, w, "grassmann")) ** 2
