@@ -1,6 +1,7 @@
 """Per-frame measures and sphere transforms on leaves whose frames are split or selected.
 
-A Llama ``q_proj/kernel`` ``(d, H * r)`` is split into ``H`` frames of ``r`` columns;
+A Llama ``q_proj/kernel`` ``(d, H * r)`` is split into ``H`` frames of ``r`` columns,
+a GPT-2 ``c_attn/kernel`` ``(d, 3 * H * r)`` into thirds whose q and k are frames;
 a Gemma ``kv_einsum/w`` ``(2, K, d, r)`` has only its key slice as frames. Every
 number is checked against frames sliced out by hand in numpy float64.
 """
@@ -25,6 +26,11 @@ def llama_frames(x):
   return [x[:, h * R : (h + 1) * R] for h in range(H)]
 
 
+def gpt2_frames(x):
+  """The query and key frames ``(d, r)`` of a ``(d, 3 * H * r)`` GPT-2 ``c_attn``."""
+  return [x[:, (t * H + h) * R : (t * H + h + 1) * R] for t in range(2) for h in range(H)]
+
+
 def gemma_frames(x):
   """The key frames ``(d, r)`` of a ``(2, K, d, r)`` kv weight (batch ``(1, K)``)."""
   return [x[0, k] for k in range(K)]
@@ -32,6 +38,12 @@ def gemma_frames(x):
 
 CASES = {
   "llama_q_proj": ({"q_proj": {"kernel": (D, H * R)}}, ("q_proj", "kernel"), llama_frames, (H,)),
+  "gpt2_c_attn": (
+    {"c_attn": {"kernel": (D, 3 * H * R)}},
+    ("c_attn", "kernel"),
+    gpt2_frames,
+    (2, H),
+  ),
   "gemma_kv_einsum": ({"kv_einsum": {"w": (2, K, D, R)}}, ("kv_einsum", "w"), gemma_frames, (1, K)),
 }
 
