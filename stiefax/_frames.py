@@ -27,6 +27,9 @@ import numpy as np
 
 __all__ = ["FrameSpec"]
 
+#: ``(axis, indices, rest_indices)`` of a ``select``, normalized for one shape.
+_Selection = tuple[int, tuple[int, ...], tuple[int, ...]]
+
 
 @dataclasses.dataclass(frozen=True)
 class FrameSpec:
@@ -74,7 +77,7 @@ class FrameSpec:
   split: Optional[tuple[int, tuple[int, ...]]] = None
   select: Optional[tuple[int, tuple[int, ...]]] = None
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     col_axes = self.col_axes
     if isinstance(col_axes, int):
       col_axes = (col_axes,)
@@ -139,7 +142,7 @@ class FrameSpec:
       )
     return shape[:axis] + sizes + shape[axis + 1 :]
 
-  def _selection(self, split_shape: Sequence[int]):
+  def _selection(self, split_shape: Sequence[int]) -> Optional[_Selection]:
     """``(axis, indices, rest_indices)`` of ``select`` for the split shape, or None."""
     if self.select is None:
       return None
@@ -195,6 +198,46 @@ class FrameSpec:
     batch = tuple(a for a in range(ndim) if a != row and a not in cols)
     return row, cols, batch
 
+  def frame_axes(self, shape: Sequence[int]) -> tuple[int, ...]:
+    """The axes of :meth:`view` that one frame spans (its rows and columns), sorted.
+
+    For a parameter of shape ``shape``, reductions of ``self.view(x)`` over these
+    axes give one value per frame, in the order of :meth:`batch_shape`; every other
+    axis of the view is a batch axis. Without ``split`` and ``select`` the view is
+    ``x`` itself. Unlike :meth:`frame_shape`, wide frames (``r > d``) are allowed.
+
+    Example:
+      >>> from stiefax import FrameSpec
+      >>> FrameSpec().frame_axes((128, 8, 16))
+      (0, 2)
+      >>> FrameSpec(split=(1, (8, -1))).frame_axes((128, 128))   # view (128, 8, 16)
+      (0, 2)
+      >>> FrameSpec(row_axis=2, select=(0, (0, 1))).frame_axes((3, 8, 128, 16))
+      (2, 3)
+
+    Args:
+      shape: the parameter's shape.
+
+    Returns:
+      A sorted tuple of axes of the view.
+
+    Raises:
+      ValueError: if an axis does not exist, the split does not fit, or the selection
+        is not along a batch axis.
+    """
+    view = self._view_shape(shape)
+    row, cols, batch = self.axes(len(view))
+    self._check_select(len(view), batch)
+    return tuple(sorted((row,) + cols))
+
+  def _check_select(self, ndim: int, batch: tuple[int, ...]) -> None:
+    """Raises unless ``select`` (if any) is along a batch axis of a rank-``ndim`` view."""
+    if self.select is not None and self.select[0] % ndim not in batch:
+      raise ValueError(
+        f"{self} selects along axis {self.select[0]}, a row or column axis of its"
+        " frames; select only along a batch axis (heads, layers, q/k/v)."
+      )
+
   def frame_shape(self, shape: Sequence[int]) -> tuple[tuple[int, ...], int, int]:
     """Returns ``(batch_shape, d, r)`` for an array of the given shape.
 
@@ -217,11 +260,7 @@ class FrameSpec:
     shape = tuple(shape)
     view = self._view_shape(shape)
     row, cols, batch = self.axes(len(view))
-    if self.select is not None and self.select[0] % len(view) not in batch:
-      raise ValueError(
-        f"{self} selects along axis {self.select[0]}, a row or column axis of its"
-        " frames; select only along a batch axis (heads, layers, q/k/v)."
-      )
+    self._check_select(len(view), batch)
     d = view[row]
     r = math.prod(view[a] for a in cols)
     if r > d:
@@ -316,15 +355,41 @@ class FrameSpec:
     Returns:
       An array of shape ``shape``.
     """
-    shape = tuple(shape)
-    split_shape = self.split_shape(shape)
     view = self._view_shape(shape)
     row, cols, batch = self.axes(len(view))
     perm = batch + (row,) + cols
     x = frames.reshape(tuple(view[a] for a in perm))
     if perm != tuple(range(len(view))):
       x = jnp.transpose(x, _inverse_permutation(perm))
+    return self.from_view(x, shape, rest)
+
+  def from_view(
+    self, view: jax.Array, shape: Sequence[int], rest: Optional[jax.Array] = None
+  ) -> jax.Array:
+    """Inverse of :meth:`view`: back to the parameter layout ``shape``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from stiefax import FrameSpec
+      >>> spec = FrameSpec(row_axis=2, select=(0, (0, 1)))
+      >>> w = jnp.ones((3, 2, 8, 4))
+      >>> back = spec.from_view(2 * spec.view(w), w.shape, spec.rest(w))
+      >>> float(back[:2].min()), float(back[2].max())   # the rest kept as given
+      (2.0, 1.0)
+
+    Args:
+      view: an array shaped like ``self.view(x)`` for ``x`` of shape ``shape``.
+      shape: the parameter's shape.
+      rest: with ``select``, the entries outside the selection (as given by
+        :meth:`rest`); zeros when ``None``.
+
+    Returns:
+      An array of shape ``shape``.
+    """
+    shape = tuple(shape)
+    split_shape = self.split_shape(shape)
     sel = self._selection(split_shape)
+    x = view
     if sel is not None:
       x = self._assemble(x, rest, split_shape, sel)
     return x.reshape(shape)
@@ -350,7 +415,13 @@ class FrameSpec:
       raise ValueError(f"{self} selects no part of the parameter, so it has no rest.")
     return _take(x.reshape(split_shape), sel[2], sel[0])
 
-  def _assemble(self, selected, rest, split_shape, sel):
+  def _assemble(
+    self,
+    selected: jax.Array,
+    rest: Optional[jax.Array],
+    split_shape: tuple[int, ...],
+    sel: _Selection,
+  ) -> jax.Array:
     """The split array from its selected entries and its rest (zeros when None)."""
     axis, indices, rest_indices = sel
     if not rest_indices:

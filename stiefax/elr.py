@@ -15,7 +15,10 @@ are pure ``jnp`` and run inside jitted training loops.
 ``per=`` chooses what one value is measured over: ``"leaf"`` (the default of
 :func:`effective_learning_rate` and :func:`angular_update`) takes each leaf whole,
 ``"frame"`` takes each frame, read with ``frames=`` (``None``: by the leaf's name,
-as everywhere in stiefax; see :func:`stiefax.layouts.resolve_frames`).
+as everywhere in stiefax; see :func:`stiefax.layouts.resolve_frames`). A frame is
+measured on :meth:`stiefax.FrameSpec.view` over :meth:`stiefax.FrameSpec.frame_axes`,
+so specs that ``split`` a fused leaf (a Llama ``q_proj``, a GPT-2 ``c_attn``) or
+``select`` part of it (a Gemma ``kv_einsum``) give one value per selected frame.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ from stiefax._resolve import LabelsLike
 from stiefax._resolve import resolve_frames
 from stiefax._routing import per_leaf
 from stiefax.labels import label_mask
-from stiefax.sphere import frame_axes
 
 __all__ = [
   "ELR",
@@ -66,8 +68,19 @@ class ELR(NamedTuple):
 _PER = ("leaf", "frame")
 
 
-def _reduce_axes(frames: FramesLike, path: Any, x: jax.Array) -> tuple[int, ...]:
-  return frame_axes(resolve_frames(frames, path, x), x.shape)
+def _frame_view(
+  frames: FramesLike, path: Any, w: jax.Array, w_new: jax.Array
+) -> tuple[jax.Array, jax.Array, tuple[int, ...]]:
+  """``w`` and ``w_new`` as :meth:`stiefax.FrameSpec.view` shows them, and the axes
+  of one frame there (a vector is one frame and a scalar a ``1 x 1`` one)."""
+  if w.ndim <= 1:
+    return w, w_new, tuple(range(w.ndim))
+  spec = resolve_frames(frames, path, w)
+  return spec.view(w), spec.view(w_new), spec.frame_axes(w.shape)
+
+
+def _whole(w: jax.Array, w_new: jax.Array) -> tuple[jax.Array, jax.Array, tuple[int, ...]]:
+  return w, w_new, tuple(range(jnp.ndim(w)))
 
 
 def _checked_per(who: str, per: Any, frames: FramesLike) -> None:
@@ -80,7 +93,9 @@ def _checked_per(who: str, per: Any, frames: FramesLike) -> None:
     )
 
 
-def _elr_leaf(w: jax.Array, w_new: jax.Array, axes: tuple[int, ...]):
+def _elr_leaf(
+  w: jax.Array, w_new: jax.Array, axes: tuple[int, ...]
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   dtype = jnp.promote_types(w.dtype, jnp.float32)
   w, w_new = w.astype(dtype), w_new.astype(dtype)
   delta = w_new - w
@@ -135,9 +150,9 @@ def effective_learning_rate(
   """
   _checked_per("effective_learning_rate", per, frames)
 
-  def leaf(path, w, w_new):
-    axes = tuple(range(jnp.ndim(w))) if per == "leaf" else _reduce_axes(frames, path, w)
-    return _elr_leaf(w, w_new, axes)
+  def leaf(path: Any, w: jax.Array, w_new: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    views = _whole(w, w_new) if per == "leaf" else _frame_view(frames, path, w, w_new)
+    return _elr_leaf(*views)
 
   return ELR(*per_leaf(leaf, 3, old, new))
 
@@ -221,7 +236,7 @@ def update_summary(
     A dict ``{"<group>/<stat>": scalar}``.
   """
   flat_old, treedef = jax.tree_util.tree_flatten_with_path(old)
-  flat_new = treedef.flatten_up_to(new)  # type: ignore[attr-defined]
+  flat_new = treedef.flatten_up_to(new)  # type: ignore[attr-defined]  # missing from the PyTreeDef stub
   is_frame = label_mask(old, labels, label)
   if groups is not None:
     gtree = groups(old) if callable(groups) else groups
@@ -236,10 +251,10 @@ def update_summary(
       "frames" if fr else ("matrices" if x.ndim >= 2 else "vectors")
       for fr, (_, x) in zip(is_frame, flat_old)
     ]
-  collected: dict[str, list] = {}
+  collected: dict[str, list[tuple[jax.Array, jax.Array, jax.Array]]] = {}
   for (path, w), w_new, fr, name in zip(flat_old, flat_new, is_frame, names):
-    axes = _reduce_axes(frames, path, w) if fr else tuple(range(w.ndim))
-    collected.setdefault(str(name), []).append(_elr_leaf(w, w_new, axes))
+    views = _frame_view(frames, path, w, w_new) if fr else _whole(w, w_new)
+    collected.setdefault(str(name), []).append(_elr_leaf(*views))
   out = {}
   for name, items in collected.items():
     radial = jnp.concatenate([jnp.ravel(r) for r, _, _ in items])

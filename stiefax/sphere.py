@@ -11,10 +11,14 @@ Riemannian Adam of the paper (section 3.2), the sphere playing the role of
       -> (relative scale) -> sphere_retract
 
 Frames are the groups of entries whose joint norm is kept: for a leaf viewed with a
-:class:`stiefax.FrameSpec`, the entries of one frame are those sharing the batch
-indices (all of a head's ``d x r`` block, say). Unlike Stiefel frames, sphere frames
-may be wide (``r > d``). A vector is one ``d x 1`` frame and a scalar a ``1 x 1``
-frame, whatever ``frames`` says.
+:class:`stiefax.FrameSpec`, the entries of one frame are those of
+:meth:`stiefax.FrameSpec.view` sharing the batch indices (all of a head's ``d x r``
+block, say; :meth:`stiefax.FrameSpec.frame_axes` names the others). Specs that
+``split`` a fused leaf or ``select`` part of it work as in the Stiefel transforms:
+the entries outside the selection are not frames and get a zero update (train them
+with another optimizer, as :func:`stiefax.stiefel_adamw` does). Unlike Stiefel
+frames, sphere frames may be wide (``r > d``). A vector is one ``d x 1`` frame and a
+scalar a ``1 x 1`` frame, whatever ``frames`` says.
 
 Notation: ``<A, B> = sum_ij A_ij B_ij`` and ``||A||`` the Frobenius norm, both per
 frame.
@@ -24,6 +28,8 @@ from __future__ import annotations
 
 import math
 from typing import Any
+from typing import Callable
+from typing import NamedTuple
 from typing import Optional
 from typing import Sequence
 
@@ -41,50 +47,38 @@ from stiefax._resolve import FramesLike
 from stiefax._resolve import resolve_frames
 from stiefax._transforms import ScalarMomentState
 
-__all__ = ["sphere_project", "sphere_retract", "sphere_moment", "hyperball_adam", "frame_axes"]
+__all__ = ["sphere_project", "sphere_retract", "sphere_moment", "hyperball_adam"]
 
 
-def frame_axes(spec: FrameSpec, shape: Sequence[int]) -> tuple[int, ...]:
-  """The axes of a leaf that one frame spans (rows and columns), sorted.
+class _Frames(NamedTuple):
+  """A leaf's sphere frames: its spec (``None`` for vectors and scalars) and the axes
+  of :meth:`stiefax.FrameSpec.view` that one frame spans."""
 
-  Reductions over these axes give one value per frame, in the order of the frames'
-  batch shape. A vector spans its only axis (a ``d x 1`` frame) and a scalar no axis,
-  whatever ``spec`` says.
+  spec: Optional[FrameSpec]
+  axes: tuple[int, ...]
 
-  Example:
-    >>> from stiefax import FrameSpec
-    >>> from stiefax.sphere import frame_axes
-    >>> frame_axes(FrameSpec(), (128, 8, 16)), frame_axes(FrameSpec(), (64,))
-    ((0, 2), (0,))
+  def view(self, x: jax.Array) -> jax.Array:
+    """The entries of ``x`` that are frames, in the split layout."""
+    return x if self.spec is None else self.spec.view(x)
 
-  Args:
-    spec: the :class:`stiefax.FrameSpec` of the leaf.
-    shape: the leaf's shape.
+  def unview(self, v: jax.Array, like: jax.Array) -> jax.Array:
+    """``v`` (a view) back in the layout of ``like``, zero outside the selection."""
+    return v if self.spec is None else self.spec.from_view(v, like.shape)
 
-  Returns:
-    A sorted tuple of axes.
-
-  Raises:
-    ValueError: if ``spec`` names an axis the shape does not have.
-  """
-  if spec.split is not None or spec.select is not None:
-    raise ValueError(
-      f"{spec} splits or selects part of a parameter; the sphere transforms take"
-      " whole parameters (give a FrameSpec without split or select)."
-    )
-  ndim = len(shape)
-  if ndim <= 1:
-    return tuple(range(ndim))
-  row, cols, _ = spec.axes(ndim)  # validates the axes (wide frames are allowed here)
-  return tuple(sorted((row,) + cols))
+  def columns(self, view_shape: Sequence[int]) -> int:
+    """The column count ``r`` of each frame (1 for vectors and scalars)."""
+    if self.spec is None:
+      return 1
+    return math.prod(view_shape[a] for a in self.spec.axes(len(view_shape))[1])
 
 
-def frame_columns(spec: FrameSpec, shape: Sequence[int]) -> int:
-  """The column count ``r`` of each frame (1 for vectors and scalars)."""
-  if len(shape) <= 1:
-    return 1
-  frame_axes(spec, shape)  # validates the axes
-  return math.prod(shape[a % len(shape)] for a in spec.col_axes)
+def _leaf_frames(frames: FramesLike, path: Any, w: jax.Array) -> _Frames:
+  """The sphere frames of leaf ``w``: a vector is one ``d x 1`` frame and a scalar a
+  ``1 x 1`` frame, whatever ``frames`` says."""
+  if w.ndim <= 1:
+    return _Frames(None, tuple(range(w.ndim)))
+  spec = resolve_frames(frames, path, w)
+  return _Frames(spec, spec.frame_axes(w.shape))
 
 
 def frame_inner(a: jax.Array, b: jax.Array, axes: Sequence[int]) -> jax.Array:
@@ -100,10 +94,6 @@ def project_to_sphere_tangent(w: jax.Array, g: jax.Array, axes: Sequence[int]) -
   """``G - <G, W> / ||W||^2 W`` per frame (``G`` itself where ``W = 0``)."""
   coef = geometry.safe_divide(frame_inner(g, w, axes), frame_inner(w, w, axes))
   return g - coef * w
-
-
-def _leaf_axes(frames: FramesLike, path: Any, w: jax.Array) -> tuple[int, ...]:
-  return frame_axes(resolve_frames(frames, path, w), w.shape)
 
 
 def sphere_project(*, frames: FramesLike = None) -> optax.GradientTransformation:
@@ -133,18 +123,20 @@ def sphere_project(*, frames: FramesLike = None) -> optax.GradientTransformation
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
 
-  def init_fn(params):
+  def init_fn(params: optax.Params) -> optax.EmptyState:
     del params
     return optax.EmptyState()
 
-  def update_fn(updates, state, params=None):
+  def update_fn(
+    updates: optax.Updates, state: optax.EmptyState, params: Optional[optax.Params] = None
+  ) -> tuple[optax.Updates, optax.EmptyState]:
     _checks.require_params("sphere_project", params, updates)
 
-    def leaf(path, u, w):
-      axes = _leaf_axes(frames, path, w)
+    def leaf(path: Any, u: jax.Array, w: jax.Array) -> jax.Array:
+      fr = _leaf_frames(frames, path, w)
       cd = _cd(u)
-      out = project_to_sphere_tangent(w.astype(cd), u.astype(cd), axes)
-      return out.astype(u.dtype)
+      out = project_to_sphere_tangent(fr.view(w).astype(cd), fr.view(u).astype(cd), fr.axes)
+      return fr.unview(out.astype(u.dtype), u)
 
     return jax.tree_util.tree_map_with_path(leaf, updates, params), state
 
@@ -185,17 +177,20 @@ def sphere_retract(
 
   _checks.check_hyperparams("sphere_retract", radius=radius)
 
-  def init_fn(params):
+  def init_fn(params: optax.Params) -> optax.EmptyState:
     del params
     return optax.EmptyState()
 
-  def update_fn(updates, state, params=None):
+  def update_fn(
+    updates: optax.Updates, state: optax.EmptyState, params: Optional[optax.Params] = None
+  ) -> tuple[optax.Updates, optax.EmptyState]:
     _checks.require_params("sphere_retract", params, updates)
 
-    def leaf(path, u, w):
-      axes = _leaf_axes(frames, path, w)
+    def leaf(path: Any, u: jax.Array, w: jax.Array) -> jax.Array:
+      fr = _leaf_frames(frames, path, w)
+      axes = fr.axes
       cd = _cd(w)
-      wf, g = w.astype(cd), u.astype(cd)
+      wf, g = fr.view(w).astype(cd), fr.view(u).astype(cd)
       finite = jnp.all(jnp.isfinite(g), axis=axes, keepdims=True)
       g = jnp.where(finite, g, 0)
       a = wf + g
@@ -204,10 +199,10 @@ def sphere_retract(
         rho = jnp.sqrt(frame_inner(wf, wf, axes))
         keep = ~finite | (norm_a == 0) | jnp.all(g == 0, axis=axes, keepdims=True)
       else:
-        rho = _expand_to_frames(jnp.asarray(radius, cd), w.shape, axes)
+        rho = _expand_to_frames(jnp.asarray(radius, cd), wf.shape, axes)
         keep = ~finite | (norm_a == 0)
       delta = rho * geometry.safe_divide(a, norm_a) - wf
-      return jnp.where(keep, 0, delta).astype(u.dtype)
+      return fr.unview(jnp.where(keep, 0, delta).astype(u.dtype), u)
 
     return jax.tree_util.tree_map_with_path(leaf, updates, params), state
 
@@ -264,10 +259,11 @@ def sphere_moment(
 
   _checks.check_hyperparams("sphere_moment", b1=b1, b2=b2, eps=eps)
 
-  def init_fn(params):
-    def leaf(path, w):
-      axes = _leaf_axes(frames, path, w)
-      batch_shape = tuple(s for i, s in enumerate(w.shape) if i not in axes)
+  def init_fn(params: optax.Params) -> ScalarMomentState:
+    def leaf(path: Any, w: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+      fr = _leaf_frames(frames, path, w)
+      view_shape = fr.view(w).shape
+      batch_shape = tuple(s for i, s in enumerate(view_shape) if i not in fr.axes)
       mu = jnp.zeros(w.shape, mu_dtype or w.dtype)
       nu = jnp.zeros(batch_shape, _cd(w))
       return mu, nu, jnp.zeros(batch_shape, jnp.int32)
@@ -275,16 +271,21 @@ def sphere_moment(
     mu, nu, skipped = _routing.per_leaf(leaf, 3, params)
     return ScalarMomentState(jnp.zeros([], jnp.int32), mu, nu, skipped)
 
-  def update_fn(updates, state, params=None):
+  def update_fn(
+    updates: optax.Updates, state: ScalarMomentState, params: Optional[optax.Params] = None
+  ) -> tuple[optax.Updates, ScalarMomentState]:
     _checks.require_params("sphere_moment", params, updates)
     count = optax.safe_increment(state.count)
     ok = _checks.hyperparams_ok(b1=b1, b2=b2, eps=eps)
 
-    def leaf(path, u, w, mu, nu, skipped):
-      axes = _leaf_axes(frames, path, w)
+    def leaf(
+      path: Any, u: jax.Array, w: jax.Array, mu: jax.Array, nu: jax.Array, skipped: jax.Array
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+      fr = _leaf_frames(frames, path, w)
+      axes = fr.axes
       cd = jnp.promote_types(_cd(u), nu.dtype)
-      wf, xi, m_prev = w.astype(cd), u.astype(cd), mu.astype(cd)
-      v_prev = _expand_to_frames(nu.astype(cd), w.shape, axes)
+      wf, xi, m_prev = fr.view(w).astype(cd), fr.view(u).astype(cd), fr.view(mu).astype(cd)
+      v_prev = _expand_to_frames(nu.astype(cd), wf.shape, axes)
       finite = jnp.all(jnp.isfinite(xi), axis=axes, keepdims=True)
       if ok is not None:  # traced b1, b2, eps out of range: a counted skip
         finite = finite & ok
@@ -298,8 +299,8 @@ def sphere_moment(
       finite_b = jnp.squeeze(finite, axis=axes) if axes else finite
       v = jnp.squeeze(v, axis=axes) if axes else v
       return (
-        step.astype(u.dtype),
-        m.astype(mu.dtype),
+        fr.unview(step.astype(u.dtype), u),
+        fr.unview(m.astype(mu.dtype), mu),
         v.astype(nu.dtype),
         skipped + (~finite_b).astype(jnp.int32),
       )
@@ -315,36 +316,41 @@ def sphere_moment(
 def _relative_step(frames: FramesLike) -> optax.GradientTransformation:
   """Multiplies each frame's step by ``||W|| / sqrt(r)`` (1 on a Stiefel frame)."""
 
-  def init_fn(params):
+  def init_fn(params: optax.Params) -> optax.EmptyState:
     del params
     return optax.EmptyState()
 
-  def update_fn(updates, state, params=None):
+  def update_fn(
+    updates: optax.Updates, state: optax.EmptyState, params: Optional[optax.Params] = None
+  ) -> tuple[optax.Updates, optax.EmptyState]:
     _checks.require_params("hyperball_adam", params, updates)
 
-    def leaf(path, u, w):
-      spec = resolve_frames(frames, path, w)
-      axes = frame_axes(spec, w.shape)
+    def leaf(path: Any, u: jax.Array, w: jax.Array) -> jax.Array:
+      fr = _leaf_frames(frames, path, w)
       cd = _cd(u)
-      wf = w.astype(cd)
-      scale = jnp.sqrt(frame_inner(wf, wf, axes) / frame_columns(spec, w.shape))
-      return (u.astype(cd) * scale).astype(u.dtype)
+      wf = fr.view(w).astype(cd)
+      scale = jnp.sqrt(frame_inner(wf, wf, fr.axes) / fr.columns(wf.shape))
+      return fr.unview((fr.view(u).astype(cd) * scale).astype(u.dtype), u)
 
     return jax.tree_util.tree_map_with_path(leaf, updates, params), state
 
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def _sphere_cap(max_norm, frames: FramesLike) -> optax.GradientTransformation:
+def _sphere_cap(max_norm: chex.Numeric, frames: FramesLike) -> optax.GradientTransformation:
   """``eta -> eta min(1, tau sqrt(r) / ||eta||)`` per frame: the step cap of
   :func:`stiefax.step_norm_cap` on sphere frames (wide ones, vectors and scalars too)."""
 
-  def sphere_frames(path, u):
-    spec = resolve_frames(frames, path, u)
-    axes = frame_axes(spec, u.shape)
-    eta = u.astype(_cd(u))
-    restore = lambda x: x.astype(u.dtype)
-    return eta, frame_inner(eta, eta, axes), frame_columns(spec, u.shape), restore
+  def sphere_frames(
+    path: Any, u: jax.Array
+  ) -> tuple[jax.Array, jax.Array, int, Callable[[jax.Array], jax.Array]]:
+    fr = _leaf_frames(frames, path, u)
+    eta = fr.view(u).astype(_cd(u))
+
+    def restore(x: jax.Array) -> jax.Array:
+      return fr.unview(x.astype(u.dtype), u)
+
+    return eta, frame_inner(eta, eta, fr.axes), fr.columns(eta.shape), restore
 
   return norm_cap(max_norm, sphere_frames)
 
