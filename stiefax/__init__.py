@@ -55,7 +55,7 @@ if typing.TYPE_CHECKING:  # the static view of the names loaded by __getattr__
   from stiefax.muon import ManifoldMuonState
   from stiefax.muon import manifold_muon
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 #: The documented submodules, loaded on first use.
 _SUBMODULES = (
