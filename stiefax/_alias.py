@@ -86,7 +86,7 @@ def riemannian_adam(
 
   With the scalar moment the transform is the chain
   ``projector -> scalar_moment -> scale_by_learning_rate -> step_norm_cap ->
-  polar_retract`` of :mod:`stiefax`, with the chain's state, computed in
+  polar_retract`` of the top-level package, with the chain's state, computed in
   one pass per frame (``fused=True``): the projection of the gradient and the
   transport of the first moment are linear in their argument, so both come from one
   product ``W^T [g | m_{t-1}]`` and one ``W [N_g | N_m]``

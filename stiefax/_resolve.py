@@ -39,20 +39,20 @@ __all__ = [
   "checked_labels",
 ]
 
-#: What ``frames=`` takes: a :class:`stiefax.FrameSpec` for every leaf, a callable
-#: ``(key_path, leaf) -> FrameSpec`` choosing one per leaf (such as
-#: :func:`stiefax.layouts.qk_frames`), or ``None``, which means ``qk_frames()`` (see
-#: :func:`stiefax.layouts.resolve_frames`).
 FramesLike = Optional[Union[FrameSpec, Callable[[KeyPath, jax.Array], FrameSpec]]]
+"""What ``frames=`` takes: a :class:`stiefax.FrameSpec` for every leaf, a callable
+``(key_path, leaf) -> FrameSpec`` choosing one per leaf (such as
+:func:`stiefax.layouts.qk_frames`), or ``None``, which means ``qk_frames()`` (see
+:func:`stiefax.layouts.resolve_frames`)."""
 
-#: A label tree: the structure of the params with a label (``"stiefel"``,
-#: ``"adamw"``) at each leaf; a single label for a single array.
 LabelTree = Union[str, Sequence["LabelTree"], Mapping[Any, "LabelTree"]]
+"""A label tree: the structure of the params with a label (``"stiefel"``,
+``"adamw"``) at each leaf; a single label for a single array."""
 
-#: What ``labels=`` takes: a label tree, a callable ``params -> label tree`` (such as
-#: :func:`stiefax.layouts.qk_labels`), or ``None``, the query/key weights that
-#: ``qk_labels`` finds (see :func:`stiefax.labels.resolve_labels`).
 LabelsLike = Optional[Union[LabelTree, Callable[[optax.Params], LabelTree]]]
+"""What ``labels=`` takes: a label tree, a callable ``params -> label tree`` (such as
+:func:`stiefax.layouts.qk_labels`), or ``None``, the query/key weights that
+``qk_labels`` finds (see :func:`stiefax.labels.resolve_labels`)."""
 
 # ----------------------------------------------------------------------------
 # frames=

@@ -7,7 +7,8 @@ query/key weight layouts of Flax, Gemma, Llama-style and GPT-2-style models
 :func:`qk_frames`, which gives each of them its :class:`stiefax.FrameSpec`. They are
 what ``labels=None`` and ``frames=None`` mean everywhere in stiefax
 (:func:`stiefax.labels.resolve_labels`, :func:`resolve_frames`), and
-:data:`FramesLike` is what ``frames=`` takes.
+``FramesLike`` is what ``frames=`` takes: a :class:`stiefax.FrameSpec` for every leaf,
+a callable ``(key_path, leaf) -> FrameSpec`` such as :func:`qk_frames`, or ``None``.
 """
 
 from __future__ import annotations
