@@ -607,6 +607,43 @@ def test_rows14_15_the_training_loop_stops_on_sigterm_and_quietly_on_a_second_si
   assert not lock.exists()  # released either way
 
 
+_LATE_STOP_SCRIPT = """
+import os, signal
+from stiefax.experiments.stopping import StopRequest, Stopped
+for run in range(3):
+  try:
+    with StopRequest("stiefax lm") as stop:
+      if run == 0:  # the signal comes during the run's last chunk: no evaluation is left
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested
+      print("finished run", run, flush=True)
+  except Stopped as e:
+    print("stopped before run", run, "by signal", e.signum, flush=True)
+    break
+with StopRequest("stiefax lm"):  # the request was served once: later runs go on
+  print("a later request starts", flush=True)
+"""
+
+
+def test_row14_a_stop_that_comes_too_late_for_its_run_stops_the_command_before_the_next():
+  root = pathlib.Path(__file__).resolve().parent.parent
+  proc = subprocess.run(
+    [sys.executable, "-c", _LATE_STOP_SCRIPT],
+    cwd=root,
+    env=dict(os.environ, PYTHONPATH=str(root)),
+    capture_output=True,
+    text=True,
+    timeout=60,
+  )
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.splitlines() == [
+    "finished run 0",
+    f"stopped before run 1 by signal {int(signal.SIGTERM)}",
+    "a later request starts",
+  ]
+  assert "stopped before the next run; every finished run is written" in proc.stderr
+
+
 @pytest.mark.slow
 def test_rows14_15_sigterm_checkpoints_and_a_second_ctrl_c_exits_quietly(tmp_path):
   outs = {"term": tmp_path / "term", "twice": tmp_path / "twice"}

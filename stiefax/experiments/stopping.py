@@ -3,6 +3,9 @@
 While a :class:`StopRequest` is active, SIGINT (Ctrl-C) and SIGTERM (what ``kill``,
 ``timeout`` and batch schedulers send) set :attr:`StopRequest.requested`; the loop
 checks it at its next evaluation, saves a checkpoint and raises :class:`Stopped`. A
+request that comes when the loop has no evaluation left (during the last chunk) lets
+the run finish, and is kept: the next :class:`StopRequest` entered in the process (the
+command's next run) raises :class:`Stopped` at once, after the finished run is written. A
 second signal ends the process at once and quietly (exit status 128 + the signal):
 the run locks are released and the last checkpoint saved is kept (a save cut short
 leaves only Orbax's temporary folder, removed when the run resumes). Outside the main
@@ -40,6 +43,10 @@ class StopRequest:
 
   SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
+  #: The signal of a request that came too late to stop its run (0: none): the next
+  #: request of the process stops before its loop starts.
+  pending = 0
+
   def __init__(self, who: str = "stiefax"):
     self.who = who
     self.requested = False
@@ -64,12 +71,22 @@ class StopRequest:
     )
 
   def __enter__(self) -> StopRequest:
+    if StopRequest.pending:
+      signum, StopRequest.pending = StopRequest.pending, 0
+      print(
+        f"{self.who}: stopped before the next run; every finished run is written",
+        file=sys.stderr,
+        flush=True,
+      )
+      raise Stopped(signum)
     if threading.current_thread() is threading.main_thread():
       for s in self.SIGNALS:
         self._previous[s] = signal.signal(s, self._handler)
     return self
 
-  def __exit__(self, *exc: object) -> None:
+  def __exit__(self, exc_type: Optional[type], *exc: object) -> None:
+    if self.requested and exc_type is None:  # the run finished before it could stop
+      StopRequest.pending = self.signum
     for s, previous in self._previous.items():
       signal.signal(s, previous)
     self._previous = {}

@@ -48,6 +48,7 @@ __all__ = [
   "LARGE_PRESET",
   "STIEFEL_ARMS",
   "best_stiefel_arm",
+  "best_stiefel_sweep",
   "qknorm_partner",
   "around",
   "NEW_ARMS",
@@ -162,6 +163,28 @@ def best_stiefel_arm(runs: Sequence[dict]) -> Optional[str]:
       return None
     means[arm] = m[0]
   return min(STIEFEL_ARMS, key=lambda a: (means[a], STIEFEL_ARMS.index(a)))
+
+
+def best_stiefel_sweep(runs: Sequence[dict]) -> Optional[tuple[str, list[dict]]]:
+  """The best Stiefel arm's runs over study 1's sweep, for its LR-sensitivity row.
+
+  ``(label, runs)``: the runs of :func:`best_stiefel_arm` at E1's best frame rate and
+  the selection seeds, at every AdamW rate it ran (E2's three and the sweep's other
+  four once they exist), labelled ``"<arm>, frame <rate>"``; None until the best arm
+  is known and it ran a rate outside E2's.
+  """
+  arm = best_stiefel_arm(runs)
+  if arm is None:
+    return None
+  frame = best_cells(runs)["B2"][1]
+  mine = [
+    r
+    for r in runs
+    if r["arm"] == arm and r["config"]["frame_lr"] == frame and r["seed"] in SELECTION_SEEDS
+  ]
+  if not {r["config"]["adamw_lr"] for r in mine} - set(E2_ADAMW_RATES):
+    return None
+  return f"{arm}, frame {frame:g}", mine
 
 
 def qknorm_partner(arm: str) -> str:

@@ -396,13 +396,15 @@ def train(
           flush=True,
         )
         raise Stopped(stop.signum)
-  bar.close()
-  if checkpoints is not None:
-    checkpoints.close()
-  test_bpb = float("nan")
-  if not diverged:
-    test = data_lib.windows(corpus.test, config.seq, config.test_windows)
-    test_bpb = _held_out_bpb(progs, variables, test)
+    # Still inside the request: a signal during the last chunk or the test pass lets
+    # this run finish and be written, and stops the command before its next run.
+    bar.close()
+    if checkpoints is not None:
+      checkpoints.close()
+    test_bpb = float("nan")
+    if not diverged:
+      test = data_lib.windows(corpus.test, config.seq, config.test_windows)
+      test_bpb = _held_out_bpb(progs, variables, test)
   wall = earlier_wall + time.perf_counter() - start
   finite = [v for v in hist["max_logit"] if math.isfinite(v)]
   metrics = {
