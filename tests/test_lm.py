@@ -157,12 +157,12 @@ def test_rate_selection_and_sensitivity_follow_wortsman():
     # More seeds at one rate never move the choice.
     *[_record("A2", 1e-3, s, 1.0) for s in range(2, 8)],
   ]
-  assert tables.select_rate(runs) == 3e-3
+  assert lm_runs.select_rate(runs) == 3e-3
   # Means over the sweep's seeds (0 and 1, the ones every rate has): 3.1, 2.6, 8.0;
   # best 2.6. The extra seeds at 1e-3 (mean 1.0) move neither the choice nor this.
   means = [3.1, 2.6, 8.0]
-  assert tables.sensitivity(runs) == pytest.approx(np.mean(means) - min(means))
-  assert tables.sensitivity(runs) == tables.sensitivity(runs[:6])
+  assert lm_runs.sensitivity(runs) == pytest.approx(np.mean(means) - min(means))
+  assert lm_runs.sensitivity(runs) == lm_runs.sensitivity(runs[:6])
   assert {r["seed"] for r in tables.sweep_runs(runs)} == {0, 1}
   assert lm_runs.loss_of(runs[4]) == 8.0 and lm_runs.loss_of(runs[5]) == 8.0
 
@@ -179,6 +179,14 @@ def test_the_words_name_the_rate_when_the_runs_span_several():
   one_rate = tables._words([run("A2", 1e-3, 2.5, 5.0), run("B2", 1e-3, 2.0, 3.0)])
   assert "B2 ended lowest (2.000" in one_rate and "below A2;" in one_rate
   assert " at 0.001" not in one_rate
+  seeds = tables._words([run("B2", 1e-3, 2.0, 5.0), {**run("B2", 1e-3, 2.1, 6.0), "seed": 1}])
+  assert "B2 seed 0 ended lowest (2.000" in seeds and "0.100 below B2 seed 1;" in seeds
+  frames = [run("B2", 1e-3, 2.0, 5.0), run("B2", 1e-3, 2.2, 6.0), run("A2", 1e-3, 2.4, 7.0)]
+  frames[0]["metrics"]["frame_lr"], frames[1]["metrics"]["frame_lr"] = 0.1, 0.3
+  frames[2]["metrics"]["frame_lr"] = None
+  words = tables._words(frames)
+  assert "B2 frame 0.1 ended lowest" in words and "0.400 below A2;" in words
+  assert "to 7.0 (A2)" in words and "(B2 frame 0.1)" in words
 
 
 def test_contrasts_pair_arms_at_their_own_best_rates():
@@ -368,7 +376,7 @@ def test_the_committed_study_is_complete_and_the_docs_quote_its_report():
     mine = [r for r in runs if r["arm"] == arm]
     sweep = {(r["config"]["adamw_lr"], r["seed"]) for r in mine if r["seed"] < 2}
     assert sweep == {(lr, s) for lr in lm_config.SWEEP_RATES for s in (0, 1)}, arm
-    best = tables.select_rate([r for r in mine if r["seed"] < 2])
+    best = lm_runs.select_rate([r for r in mine if r["seed"] < 2])
     assert {r["seed"] for r in mine if r["config"]["adamw_lr"] == best} == set(range(6)), arm
   text = tables.report(runs, None)
   doc = (root / "docs/lm.md").read_text()

@@ -328,6 +328,46 @@ def test_the_report_of_a_whole_study_two(tmp_path):
   assert "A2         9" in budget and "B2         6" in budget
   # The sweep's rates are neither in B2-diag's budget nor candidates for its best cell.
   assert "B2-diag    3      AdamW 0.01, frame 0.3" in budget
+  # B2-diag is not the best Stiefel arm: its extra rates make no sweep row.
+  assert "over study 1's sweep" not in text
+
+
+def test_the_best_stiefel_arms_sweep_sits_beside_study_ones_rates(tmp_path):
+  """Once the best Stiefel arm (B2-fold here) runs rates outside E2's, the report shows
+  it over study 1's seven rates beside A2 and A2-qknorm; its sensitivity once all seven
+  have both selection seeds, with the same definition as study 1's table."""
+  from stiefax.experiments import report as report_lib  # pylint: disable=g-import-not-at-top
+
+  _synthetic_study2(tmp_path)
+  extra = [r for r in lm_config.SWEEP_RATES if r not in fair.E2_ADAMW_RATES]
+
+  def sweep(rates, seeds):
+    for lr in rates:
+      for s in seeds:
+        rec = _study_record("B2-fold", (lr, 0.3), s, 1.9 + abs(np.log(lr / 1e-2)) / 10)
+        write_json(tmp_path / lm_runs.run_name("B2-fold", rec["config"], s), rec)
+
+  sweep(extra[:1], (0, 1))
+  sweep(extra[1:], (0,))  # seed 1 of the other three still running
+  small = report_lib.load_runs(tmp_path)[0]["lm"]
+  assert fair.best_stiefel_arm(small) == "B2-fold"
+  text = "\n".join(fair.report(small))
+  rows = text.split("over study 1's sweep")[1].split("\n\n")[0].splitlines()[4:]
+  row = {ln.split("  ")[0]: ln.split() for ln in rows}
+  assert set(row) == {"A2", "A2-qknorm", "B2-fold, frame 0.3"}
+  assert row["B2-fold, frame 0.3"][-3:] == ["(4/7", "rates)", "-"]
+  sweep(extra[1:], (1,))
+  small = report_lib.load_runs(tmp_path)[0]["lm"]
+  text = "\n".join(fair.report(small))
+  rows = text.split("over study 1's sweep")[1].split("\n\n")[0].splitlines()[4:]
+  row = {ln.split("  ")[0]: ln.split() for ln in rows}
+  mine = [r for r in small if r["arm"] == "B2-fold" and r["seed"] < 2 and fair.cell_of(r)[1] == 0.3]
+  assert len(mine) == 14
+  assert row["B2-fold, frame 0.3"][-2:] == [f"{lm_runs.sensitivity(mine):.3f}", "0.01"]
+  assert (
+    row["A2"][-2]
+    == f"{lm_runs.sensitivity([r for r in small if r['arm'] == 'A2' and r['seed'] < 2 and r['config']['adamw_lr'] in lm_config.SWEEP_RATES]):.3f}"
+  )
 
 
 def test_the_larger_models_arms_and_cells_follow_the_small_models_study(tmp_path):

@@ -186,7 +186,7 @@ def test_the_image_patch_sentences(patches, readme):
 
 def test_the_language_model_sentences(readme):
   from stiefax.experiments.lm import config as lm_config  # pylint: disable=g-import-not-at-top
-  from stiefax.experiments.lm import tables  # pylint: disable=g-import-not-at-top
+  from stiefax.experiments.lm import runs as lm_runs  # pylint: disable=g-import-not-at-top
 
   text, runs = _report(["results/lm"], "lm")
   sweep = {}
@@ -220,7 +220,7 @@ def test_the_language_model_sentences(readme):
   assert (cfg["depth"], cfg["d_model"], cfg["steps"]) == (2, 128, 1000)
   assert len(runs) == 126 and "The language-model study is complete (126 runs" in readme
   assert "runs are in progress" not in readme
-  assert tables.select_rate([r for r in runs if r["arm"] == "A2" and r["seed"] < 2]) == 0.003
+  assert lm_runs.select_rate([r for r in runs if r["arm"] == "A2" and r["seed"] < 2]) == 0.003
 
 
 def test_the_second_language_model_study_sentence(readme):

@@ -291,7 +291,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[LMConfig, list[str], list[
 
 def best_rate(out: pathlib.Path, arm: str, config: LMConfig, facts: dict, preset: str) -> float:
   """The AdamW rate of ``arm`` chosen on the validation split among the finished runs
-  of this configuration in ``out`` (:func:`stiefax.experiments.lm.tables.select_rate`).
+  of this configuration in ``out`` (:func:`stiefax.experiments.lm.runs.select_rate`).
 
   Raises CommandError when there are none.
   """
@@ -307,7 +307,7 @@ def best_rate(out: pathlib.Path, arm: str, config: LMConfig, facts: dict, preset
       f"--lr best: the {arm} sweep in {out} is not finished (no run at rate"
       f" {','.join(missing)}); run --lr {','.join(f'{lr:g}' for lr in SWEEP_RATES)} first."
     )
-  lr = tables.select_rate([r for r in mine if r["config"]["adamw_lr"] in SWEEP_RATES])
+  lr = runs_lib.select_rate([r for r in mine if r["config"]["adamw_lr"] in SWEEP_RATES])
   if lr is None:
     raise CommandError(f"--lr best: no seed of {arm} has every rate in {out}.")
   return lr

@@ -28,7 +28,10 @@ import numpy as np
 
 from stiefax.experiments import stats
 from stiefax.experiments.lm.config import SWEEP_RATES
+from stiefax.experiments.lm.runs import by_rate
 from stiefax.experiments.lm.runs import loss_of
+from stiefax.experiments.lm.runs import select_rate
+from stiefax.experiments.lm.runs import sensitivity
 from stiefax.experiments.report import num
 from stiefax.experiments.report import table
 
@@ -449,6 +452,45 @@ def _best_tables(by: dict, best: dict) -> list[str]:
   return lines
 
 
+def _sweep_table(runs: Sequence[dict]) -> list[str]:
+  """The best Stiefel arm over study 1's seven rates, beside A2 and A2-qknorm.
+
+  Seeds 0-1 at each of :data:`SWEEP_RATES` (A2's two extra rates of E1 left out, so
+  every row's sensitivity is over the same seven rates as study 1's table).
+  """
+  found = best_stiefel_sweep(runs)
+  if found is None:
+    return []
+  label, best_runs = found
+  rows_of = {
+    arm: [r for r in runs if r["arm"] == arm and r["seed"] in SELECTION_SEEDS]
+    for arm in ("A2", "A2-qknorm")
+  }
+  rows_of[label] = best_runs
+  rows = []
+  for label_, rs in rows_of.items():
+    rs = [r for r in rs if r["config"]["adamw_lr"] in SWEEP_RATES]
+    rates = by_rate(rs)
+    complete = [lr for lr in SWEEP_RATES if set(rates.get(lr, {})) == set(SELECTION_SEEDS)]
+    means = [
+      num(float(np.mean([loss_of(r) for r in rates[lr].values()])), ".3f")
+      if lr in complete
+      else "-"
+      for lr in SWEEP_RATES
+    ]
+    if len(complete) == len(SWEEP_RATES):
+      tail = [num(sensitivity(rs), ".3f"), num(select_rate(rs), "g")]
+    else:
+      tail = [f"- ({len(complete)}/{len(SWEEP_RATES)} rates)", "-"]
+    rows.append([label_, *means, *tail])
+  return [
+    "study 2, the best Stiefel arm over study 1's sweep: final validation loss, bits per",
+    "  byte (mean over seeds 0-1; min(loss, loss at init); '-': a seed is missing)",
+    table(["arm", *(f"{lr:g}" for lr in SWEEP_RATES), "LR sensitivity", "best rate"], rows),
+    "",
+  ]
+
+
 def _large_tables(by: dict, best: dict) -> list[str]:
   rows = []
   for arm, arm_runs in by.items():
@@ -474,4 +516,4 @@ def report(runs: Sequence[dict]) -> list[str]:
   best = best_cells(runs)
   if is_large(runs):
     return _large_tables(by, best) + _best_tables(by, best)
-  return _grid_tables(by, best) + _best_tables(by, best)
+  return _grid_tables(by, best) + _sweep_table(runs) + _best_tables(by, best)

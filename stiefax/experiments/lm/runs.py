@@ -14,6 +14,10 @@ import dataclasses
 import math
 import shlex
 from typing import Any
+from typing import Optional
+from typing import Sequence
+
+import numpy as np
 
 from stiefax.experiments import store
 from stiefax.experiments.arms import Arm
@@ -25,6 +29,10 @@ _DEFAULT_FRAME_RATE = LMConfig().frame_lr
 
 __all__ = [
   "loss_of",
+  "by_rate",
+  "sweep_runs",
+  "select_rate",
+  "sensitivity",
   "arm_definition",
   "run_config",
   "run_identity",
@@ -133,3 +141,44 @@ def loss_of(run: dict, key: str = "val_bpb") -> float:
   if m["diverged"] or v is None or not math.isfinite(v):
     return init
   return min(v, init)
+
+
+def by_rate(runs: Sequence[dict]) -> dict:
+  """``{AdamW rate: {seed: run}}`` of ``runs`` (one arm, one setting)."""
+  out: dict = {}
+  for r in runs:
+    out.setdefault(r["config"]["adamw_lr"], {})[r["seed"]] = r
+  return out
+
+
+def sweep_runs(runs: Sequence[dict]) -> list[dict]:
+  """The runs of ``runs`` (one arm, one setting) at the sweep's seeds: the seeds every
+  rate of the arm has. Seeds added at the best rate alone (the best-rate comparison's)
+  are left out, so each point of the sweep rests on the same seeds."""
+  rates = by_rate(runs)
+  if not rates:
+    return []
+  common = set.intersection(*(set(s) for s in rates.values()))
+  return [r for r in runs if r["seed"] in common] if common else list(runs)
+
+
+def select_rate(runs: Sequence[dict]) -> Optional[float]:
+  """The rate of ``runs`` (one arm, one setting) with the lowest mean validation loss
+  over the seeds every rate has; ties go to the smaller rate."""
+  rates = by_rate(runs)
+  if not rates:
+    return None
+  common = set.intersection(*(set(s) for s in rates.values()))
+  if not common:
+    return None
+  means = {lr: np.mean([loss_of(seeds[s]) for s in common]) for lr, seeds in rates.items()}
+  return min(means, key=lambda lr: (means[lr], lr))
+
+
+def sensitivity(runs: Sequence[dict]) -> float:
+  """Wortsman et al.'s learning-rate sensitivity of one arm: the mean over rates of
+  ``min(loss, loss at init) - best loss``, each rate's loss the mean over the sweep's
+  seeds (:func:`sweep_runs`)."""
+  rates = by_rate(sweep_runs(runs))
+  means = [np.mean([loss_of(r) for r in seeds.values()]) for seeds in rates.values()]
+  return float(np.mean(means) - np.min(means)) if means else float("nan")

@@ -33,53 +33,17 @@ from stiefax.experiments import report as report_lib
 from stiefax.experiments import stats
 from stiefax.experiments.lm import fair
 from stiefax.experiments.lm.config import ARMS
+from stiefax.experiments.lm.runs import by_rate as _by_rate
 from stiefax.experiments.lm.runs import loss_of
+from stiefax.experiments.lm.runs import select_rate
+from stiefax.experiments.lm.runs import sensitivity
+from stiefax.experiments.lm.runs import sweep_runs
 from stiefax.experiments.report import num
 from stiefax.experiments.report import table
 
-__all__ = ["report", "summary", "select_rate", "sensitivity", "sweep_runs"]
+__all__ = ["report", "summary"]
 
 _ARM_FIELDS = ("adamw_lr", "arm", "frame_lr")
-
-
-def _by_rate(runs: Sequence[dict]) -> dict:
-  out: dict = {}
-  for r in runs:
-    out.setdefault(r["config"]["adamw_lr"], {})[r["seed"]] = r
-  return out
-
-
-def sweep_runs(runs: Sequence[dict]) -> list[dict]:
-  """The runs of ``runs`` (one arm, one setting) at the sweep's seeds: the seeds every
-  rate of the arm has. Seeds added at the best rate alone (the best-rate comparison's)
-  are left out, so each point of the sweep rests on the same seeds."""
-  by_rate = _by_rate(runs)
-  if not by_rate:
-    return []
-  common = set.intersection(*(set(s) for s in by_rate.values()))
-  return [r for r in runs if r["seed"] in common] if common else list(runs)
-
-
-def select_rate(runs: Sequence[dict]) -> Optional[float]:
-  """The rate of ``runs`` (one arm, one setting) with the lowest mean validation loss
-  over the seeds every rate has; ties go to the smaller rate."""
-  by_rate = _by_rate(runs)
-  if not by_rate:
-    return None
-  common = set.intersection(*(set(s) for s in by_rate.values()))
-  if not common:
-    return None
-  means = {lr: np.mean([loss_of(seeds[s]) for s in common]) for lr, seeds in by_rate.items()}
-  return min(means, key=lambda lr: (means[lr], lr))
-
-
-def sensitivity(runs: Sequence[dict]) -> float:
-  """Wortsman et al.'s learning-rate sensitivity of one arm: the mean over rates of
-  ``min(loss, loss at init) - best loss``, each rate's loss the mean over the sweep's
-  seeds (:func:`sweep_runs`)."""
-  by_rate = _by_rate(sweep_runs(runs))
-  means = [np.mean([loss_of(r) for r in seeds.values()]) for seeds in by_rate.values()]
-  return float(np.mean(means) - np.min(means)) if means else float("nan")
 
 
 def _group_key(cfg: dict) -> str:
@@ -359,24 +323,13 @@ def report(runs: list[dict], out_dir: Optional[pathlib.Path]) -> str:
     by_arm = _arms(_study1_runs(group) if study2 else group)
     lines.append(_title(group[0]["config"]))
     lines.append("")
-    sweep_by_arm = by_arm
     if study2:
       lines += fair.report(group)
       if fair.is_large(group):
         continue
-      best_sweep = fair.best_stiefel_sweep(group)
-      if best_sweep is not None:  # study 2's best Stiefel arm beside study 1's sweep
-        sweep_by_arm = {**by_arm, best_sweep[0]: best_sweep[1]}
-      lines.append(
-        "study 1's arms at study 1's frame rate, as study 1 reports them"
-        + (
-          f" (the sweep also shows study 2's best Stiefel arm, {best_sweep[0]}):"
-          if best_sweep is not None
-          else ":"
-        )
-      )
+      lines.append("study 1's arms at study 1's frame rate, as study 1 reports them:")
       lines.append("")
-    lines += _sweep_tables(sweep_by_arm)
+    lines += _sweep_tables(by_arm)
     best, chosen = _best_table(by_arm)
     lines += best
     lines += _contrast_table(chosen)
@@ -397,6 +350,7 @@ def summary(records: Sequence[dict]) -> str:
       [
         r["arm"],
         f"{r['config']['adamw_lr']:g}",
+        num(m.get("frame_lr"), "g"),
         str(r["seed"]),
         "diverged" if m["diverged"] else f"{m['val_bpb']:.4f}",
         "-" if m["diverged"] else f"{m['test_bpb']:.4f}",
@@ -406,7 +360,20 @@ def summary(records: Sequence[dict]) -> str:
       ]
     )
   lines = [
-    table(["arm", "rate", "seed", "val bpb", "test bpb", "max logit", "entropy", "isometry"], rows)
+    table(
+      [
+        "arm",
+        "rate",
+        "frame rate",
+        "seed",
+        "val bpb",
+        "test bpb",
+        "max logit",
+        "entropy",
+        "isometry",
+      ],
+      rows,
+    )
   ]
   lines.append(_words(records))
   return "\n".join(lines)
@@ -415,15 +382,23 @@ def summary(records: Sequence[dict]) -> str:
 def _words(records: Sequence[dict]) -> str:
   """Plain words on the runs just made: which ended lowest, by how much, and the logits.
 
-  A run is named by its arm, and also by its rate when the runs span several rates.
+  A run is named by its arm, and also by its AdamW rate, its frame rate and its seed
+  where the runs span several of them, so no two runs read alike.
   """
   ok = [r for r in records if not r["metrics"]["diverged"]]
   if len(ok) < 2:
     return ""
-  several_rates = len({r["config"]["adamw_lr"] for r in ok}) > 1
+  parts = {
+    "rate": lambda r: f"at {r['config']['adamw_lr']:g}",
+    "frame": lambda r: (
+      "" if r["metrics"].get("frame_lr") is None else f"frame {r['metrics']['frame_lr']:g}"
+    ),
+    "seed": lambda r: f"seed {r['seed']}",
+  }
+  varying = [f for f in parts.values() if len({f(r) for r in ok}) > 1]
 
   def name(r: dict) -> str:
-    return f"{r['arm']} at {r['config']['adamw_lr']:g}" if several_rates else r["arm"]
+    return " ".join(x for x in (r["arm"], *(f(r) for f in varying)) if x)
 
   ok.sort(key=lambda r: r["metrics"]["test_bpb"])
   best, worst = ok[0], ok[-1]
