@@ -187,6 +187,8 @@ def test_the_words_name_the_rate_when_the_runs_span_several():
   words = tables._words(frames)
   assert "B2 frame 0.1 ended lowest" in words and "0.400 below A2;" in words
   assert "to 7.0 (A2)" in words and "(B2 frame 0.1)" in words
+  one_frame = tables._words([frames[0], frames[2]])  # one frame rate names nothing
+  assert "B2 ended lowest" in one_frame and "below A2;" in one_frame
 
 
 def test_contrasts_pair_arms_at_their_own_best_rates():

@@ -395,7 +395,9 @@ def _words(records: Sequence[dict]) -> str:
     ),
     "seed": lambda r: f"seed {r['seed']}",
   }
-  varying = [f for f in parts.values() if len({f(r) for r in ok}) > 1]
+  # A part names runs only where it varies among the runs that have it (a frame
+  # rate among the arms with a frame rule).
+  varying = [f for f in parts.values() if len({f(r) for r in ok} - {""}) > 1]
 
   def name(r: dict) -> str:
     return " ".join(x for x in (r["arm"], *(f(r) for f in varying)) if x)
