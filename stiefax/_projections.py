@@ -36,24 +36,13 @@ __all__ = [
 def _projection(
   name: str, fn: Callable[[jax.Array, jax.Array], jax.Array], frames: FramesLike
 ) -> optax.GradientTransformation:
-  def init_fn(params: optax.Params) -> optax.EmptyState:
-    del params
-    return optax.EmptyState()
+  def leaf(path: Any, u: jax.Array, w: jax.Array) -> jax.Array:
+    spec = checked_frames(frames, path, w)
+    cd = _routing.update_dtype(u, w)
+    out = fn(spec.to_frames(w).astype(cd), spec.to_frames(u).astype(cd))
+    return spec.from_frames(out, u.shape).astype(w.dtype)
 
-  def update_fn(
-    updates: optax.Updates, state: optax.EmptyState, params: Optional[optax.Params] = None
-  ) -> tuple[optax.Updates, optax.EmptyState]:
-    _checks.require_params(name, params, updates)
-
-    def leaf(path: Any, u: jax.Array, w: jax.Array) -> jax.Array:
-      spec = checked_frames(frames, path, w)
-      cd = _routing.update_dtype(u, w)
-      out = fn(spec.to_frames(w).astype(cd), spec.to_frames(u).astype(cd))
-      return spec.from_frames(out, u.shape).astype(w.dtype)
-
-    return jax.tree_util.tree_map_with_path(leaf, updates, params), state
-
-  return optax.GradientTransformation(init_fn, update_fn)
+  return _routing.map_with_params(name, leaf)
 
 
 def stiefel_project(*, frames: FramesLike = None) -> optax.GradientTransformation:

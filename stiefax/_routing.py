@@ -1,7 +1,8 @@
 """Routing a pytree of frame parameters to the per-frame math of :mod:`stiefax.geometry`.
 
-The per-frame helpers every frame transform shares: mapping a per-leaf function that
-returns several trees, the dtype a frame's update is computed in, per-frame caps
+The per-frame helpers every frame transform shares: the stateless transform that maps
+each update leaf with its parameter, mapping a per-leaf function that returns several
+trees, the dtype a frame's update is computed in, per-frame caps
 broadcast against the frames, and per-frame zeros sharded like the params. The checks
 of their arguments are in :mod:`stiefax._checks`.
 """
@@ -10,12 +11,34 @@ from __future__ import annotations
 
 from typing import Any
 from typing import Callable
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import optax
 
+from stiefax import _checks
 from stiefax import geometry
 from stiefax._frames import FrameSpec
+
+
+def map_with_params(
+  name: str, leaf: Callable[[Any, jax.Array, jax.Array], jax.Array]
+) -> optax.GradientTransformation:
+  """A stateless transform whose ``update`` maps ``leaf(path, u, w)`` over the updates
+  and the params; ``name`` is the transform's, for the error when params are missing."""
+
+  def init_fn(params: optax.Params) -> optax.EmptyState:
+    del params
+    return optax.EmptyState()
+
+  def update_fn(
+    updates: optax.Updates, state: optax.EmptyState, params: Optional[optax.Params] = None
+  ) -> tuple[optax.Updates, optax.EmptyState]:
+    _checks.require_params(name, params, updates)
+    return jax.tree_util.tree_map_with_path(leaf, updates, params), state
+
+  return optax.GradientTransformation(init_fn, update_fn)
 
 
 def per_leaf(fn: Callable[..., Any], n_out: int, tree: Any, *rest: Any) -> tuple[Any, ...]:

@@ -123,24 +123,13 @@ def sphere_project(*, frames: FramesLike = None) -> optax.GradientTransformation
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
 
-  def init_fn(params: optax.Params) -> optax.EmptyState:
-    del params
-    return optax.EmptyState()
+  def leaf(path: Any, u: jax.Array, w: jax.Array) -> jax.Array:
+    fr = _leaf_frames(frames, path, w)
+    cd = _cd(u)
+    out = project_to_sphere_tangent(fr.view(w).astype(cd), fr.view(u).astype(cd), fr.axes)
+    return fr.unview(out.astype(u.dtype), u)
 
-  def update_fn(
-    updates: optax.Updates, state: optax.EmptyState, params: Optional[optax.Params] = None
-  ) -> tuple[optax.Updates, optax.EmptyState]:
-    _checks.require_params("sphere_project", params, updates)
-
-    def leaf(path: Any, u: jax.Array, w: jax.Array) -> jax.Array:
-      fr = _leaf_frames(frames, path, w)
-      cd = _cd(u)
-      out = project_to_sphere_tangent(fr.view(w).astype(cd), fr.view(u).astype(cd), fr.axes)
-      return fr.unview(out.astype(u.dtype), u)
-
-    return jax.tree_util.tree_map_with_path(leaf, updates, params), state
-
-  return optax.GradientTransformation(init_fn, update_fn)
+  return _routing.map_with_params("sphere_project", leaf)
 
 
 def sphere_retract(
@@ -177,36 +166,25 @@ def sphere_retract(
 
   _checks.check_hyperparams("sphere_retract", radius=radius)
 
-  def init_fn(params: optax.Params) -> optax.EmptyState:
-    del params
-    return optax.EmptyState()
+  def leaf(path: Any, u: jax.Array, w: jax.Array) -> jax.Array:
+    fr = _leaf_frames(frames, path, w)
+    axes = fr.axes
+    cd = _cd(w)
+    wf, g = fr.view(w).astype(cd), fr.view(u).astype(cd)
+    finite = jnp.all(jnp.isfinite(g), axis=axes, keepdims=True)
+    g = jnp.where(finite, g, 0)
+    a = wf + g
+    norm_a = jnp.sqrt(frame_inner(a, a, axes))
+    if radius is None:
+      rho = jnp.sqrt(frame_inner(wf, wf, axes))
+      keep = ~finite | (norm_a == 0) | jnp.all(g == 0, axis=axes, keepdims=True)
+    else:
+      rho = _expand_to_frames(jnp.asarray(radius, cd), wf.shape, axes)
+      keep = ~finite | (norm_a == 0)
+    delta = rho * geometry.safe_divide(a, norm_a) - wf
+    return fr.unview(jnp.where(keep, 0, delta).astype(u.dtype), u)
 
-  def update_fn(
-    updates: optax.Updates, state: optax.EmptyState, params: Optional[optax.Params] = None
-  ) -> tuple[optax.Updates, optax.EmptyState]:
-    _checks.require_params("sphere_retract", params, updates)
-
-    def leaf(path: Any, u: jax.Array, w: jax.Array) -> jax.Array:
-      fr = _leaf_frames(frames, path, w)
-      axes = fr.axes
-      cd = _cd(w)
-      wf, g = fr.view(w).astype(cd), fr.view(u).astype(cd)
-      finite = jnp.all(jnp.isfinite(g), axis=axes, keepdims=True)
-      g = jnp.where(finite, g, 0)
-      a = wf + g
-      norm_a = jnp.sqrt(frame_inner(a, a, axes))
-      if radius is None:
-        rho = jnp.sqrt(frame_inner(wf, wf, axes))
-        keep = ~finite | (norm_a == 0) | jnp.all(g == 0, axis=axes, keepdims=True)
-      else:
-        rho = _expand_to_frames(jnp.asarray(radius, cd), wf.shape, axes)
-        keep = ~finite | (norm_a == 0)
-      delta = rho * geometry.safe_divide(a, norm_a) - wf
-      return fr.unview(jnp.where(keep, 0, delta).astype(u.dtype), u)
-
-    return jax.tree_util.tree_map_with_path(leaf, updates, params), state
-
-  return optax.GradientTransformation(init_fn, update_fn)
+  return _routing.map_with_params("sphere_retract", leaf)
 
 
 def _expand_to_frames(x: jax.Array, shape: Sequence[int], axes: Sequence[int]) -> jax.Array:
@@ -316,25 +294,14 @@ def sphere_moment(
 def _relative_step(frames: FramesLike) -> optax.GradientTransformation:
   """Multiplies each frame's step by ``||W|| / sqrt(r)`` (1 on a Stiefel frame)."""
 
-  def init_fn(params: optax.Params) -> optax.EmptyState:
-    del params
-    return optax.EmptyState()
+  def leaf(path: Any, u: jax.Array, w: jax.Array) -> jax.Array:
+    fr = _leaf_frames(frames, path, w)
+    cd = _cd(u)
+    wf = fr.view(w).astype(cd)
+    scale = jnp.sqrt(frame_inner(wf, wf, fr.axes) / fr.columns(wf.shape))
+    return fr.unview((fr.view(u).astype(cd) * scale).astype(u.dtype), u)
 
-  def update_fn(
-    updates: optax.Updates, state: optax.EmptyState, params: Optional[optax.Params] = None
-  ) -> tuple[optax.Updates, optax.EmptyState]:
-    _checks.require_params("hyperball_adam", params, updates)
-
-    def leaf(path: Any, u: jax.Array, w: jax.Array) -> jax.Array:
-      fr = _leaf_frames(frames, path, w)
-      cd = _cd(u)
-      wf = fr.view(w).astype(cd)
-      scale = jnp.sqrt(frame_inner(wf, wf, fr.axes) / fr.columns(wf.shape))
-      return fr.unview((fr.view(u).astype(cd) * scale).astype(u.dtype), u)
-
-    return jax.tree_util.tree_map_with_path(leaf, updates, params), state
-
-  return optax.GradientTransformation(init_fn, update_fn)
+  return _routing.map_with_params("hyperball_adam", leaf)
 
 
 def _sphere_cap(max_norm: chex.Numeric, frames: FramesLike) -> optax.GradientTransformation:
