@@ -467,11 +467,23 @@ def _sweep_table(runs: Sequence[dict]) -> list[str]:
     for arm in ("A2", "A2-qknorm")
   }
   rows_of[label] = best_runs
-  rows = []
+  rows, logit_rows = [], []
   for label_, rs in rows_of.items():
     rs = [r for r in rs if r["config"]["adamw_lr"] in SWEEP_RATES]
     rates = by_rate(rs)
     complete = [lr for lr in SWEEP_RATES if set(rates.get(lr, {})) == set(SELECTION_SEEDS)]
+    logit_rows.append(
+      [
+        label_,
+        *(
+          num(max(r["metrics"]["max_logit_max"] for r in rates[lr].values()), ".1f")
+          + f" / {num(float(np.mean([r['metrics']['entropy'] for r in rates[lr].values()])), '.2f')}"
+          if lr in complete
+          else "-"
+          for lr in SWEEP_RATES
+        ),
+      ]
+    )
     means = [
       num(float(np.mean([loss_of(r) for r in rates[lr].values()])), ".3f")
       if lr in complete
@@ -487,6 +499,10 @@ def _sweep_table(runs: Sequence[dict]) -> list[str]:
     "study 2, the best Stiefel arm over study 1's sweep: final validation loss, bits per",
     "  byte (mean over seeds 0-1; min(loss, loss at init); '-': a seed is missing)",
     table(["arm", *(f"{lr:g}" for lr in SWEEP_RATES), "LR sensitivity", "best rate"], rows),
+    "",
+    "the same runs' attention: largest logit max |q·k|/sqrt(r) during training (max",
+    "  over seeds 0-1) / entropy at the end of training, nats (mean over seeds 0-1)",
+    table(["arm", *(f"{lr:g}" for lr in SWEEP_RATES)], logit_rows),
     "",
   ]
 
