@@ -364,6 +364,9 @@ def test_the_best_stiefel_arms_sweep_sits_beside_study_ones_rates(tmp_path):
   mine = [r for r in small if r["arm"] == "B2-fold" and r["seed"] < 2 and fair.cell_of(r)[1] == 0.3]
   assert len(mine) == 14
   assert row["B2-fold, frame 0.3"][-2:] == [f"{lm_runs.sensitivity(mine):.3f}", "0.01"]
+  attn = text.split("over study 1's sweep")[1].split("the same runs' attention")[1]
+  attn_rows = {ln.split("  ")[0]: ln for ln in attn.split("\n\n")[0].splitlines()[4:]}
+  assert attn_rows["B2-fold, frame 0.3"].count("20.0 / 1.50") == 7
   assert (
     row["A2"][-2]
     == f"{lm_runs.sensitivity([r for r in small if r['arm'] == 'A2' and r['seed'] < 2 and r['config']['adamw_lr'] in lm_config.SWEEP_RATES]):.3f}"
