@@ -416,6 +416,11 @@ def test_the_report_of_the_larger_model(tmp_path):
   assert "lm (large)" in text and "the larger model" in text
   assert "0.0165: 1.711" in text  # A2's upper cell, mean over seeds 0-1
   assert "study 1's arms" not in text and "E1 (the frame step)" not in text
+  # An arm with a cell not begun has no best yet, though its other cells are complete.
+  for f in tmp_path.glob("B2-fold-large-lr0.03-*"):
+    f.unlink()
+  groups, _ = report_lib.load_runs(tmp_path)
+  assert fair.best_cells(groups["lm"]) == {k: v for k, v in best.items() if k != "B2-fold"}
 
 
 def test_the_docs_quote_study_twos_report_on_the_small_model():

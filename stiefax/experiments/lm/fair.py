@@ -206,6 +206,10 @@ def _three(x: float) -> float:
   return float(f"{x:.6g}")  # 3 x 1e-2 is 0.03, not 0.030000000000000002
 
 
+#: How many cells :func:`around` gives an arm on the larger model.
+_AROUND_CELLS = 3
+
+
 def around(cell: Cell) -> list[Cell]:
   """The larger model's cells of an arm whose small-model best cell is ``cell``: its
   AdamW rate and the rates x3 either side, the frame rate kept."""
@@ -288,13 +292,17 @@ def best_cells(runs: Sequence[dict]) -> dict:
   """``{arm: cell}``: each arm's best cell under the protocol, where it can be chosen.
 
   On the larger model an arm's cells are the three it was given (:func:`around` its
-  small-model best), so the best is chosen among the cells it ran.
+  small-model best), so the best is chosen among the cells it ran, once it has run
+  all three (each with both selection seeds).
   """
   by = _by_arm(runs)
   out: dict = {}
   if is_large(runs):
     for arm, arm_runs in by.items():
-      c = select_cell(arm_runs.values(), _tried(arm_runs))
+      tried = _tried(arm_runs)
+      if len(tried) < _AROUND_CELLS:  # a cell not begun yet could still be the best
+        continue
+      c = select_cell(arm_runs.values(), tried)
       if c is not None:
         out[arm] = c
     return out
