@@ -443,3 +443,28 @@ def test_the_docs_quote_study_twos_report_on_the_small_model():
   doc = (root / "docs/lm.md").read_text()
   missing = [ln for ln in fair.report(small) if ln.strip() and ln not in doc]
   assert missing == [], missing
+
+
+def test_the_docs_quote_study_twos_report_on_the_larger_model():
+  """Every line of the larger model's study-2 tables that ``stiefax report
+  results/lm-fair`` prints from the committed runs is in docs/lm.md, and each of its
+  runs is one of its arms' three cells."""
+  import pathlib  # pylint: disable=g-import-not-at-top
+
+  from stiefax.experiments import report as report_lib  # pylint: disable=g-import-not-at-top
+
+  root = pathlib.Path(__file__).parent.parent
+  groups, warnings = report_lib.load_runs(root / "results/lm-fair")
+  assert warnings == []
+  small = [r for r in groups["lm"] if r["config"]["preset"] == fair.SMALL_PRESET]
+  large = [r for r in groups["lm"] if r["config"]["preset"] == fair.LARGE_PRESET]
+  assert large, "the larger model's runs are committed"
+  best_small = fair.best_cells(small)
+  arms = {"A2", "A2-qknorm", fair.best_stiefel_arm(small)}
+  arms.add(fair.qknorm_partner(fair.best_stiefel_arm(small)))
+  for r in large:
+    assert r["arm"] in arms
+    assert fair.cell_of(r) in fair.around(best_small[r["arm"]]), r["arm"]
+  doc = (root / "docs/lm.md").read_text()
+  missing = [ln for ln in fair.report(large) if ln.strip() and ln not in doc]
+  assert missing == [], missing
