@@ -20,6 +20,7 @@ results folder cannot pick a best from half a cell.
 
 from __future__ import annotations
 
+from typing import Callable
 from typing import Iterable
 from typing import Optional
 from typing import Sequence
@@ -460,6 +461,21 @@ def _best_tables(by: dict, best: dict) -> list[str]:
   return lines
 
 
+def _cell_text(seeds: Optional[list[dict]], show: Callable[[list[dict]], str]) -> str:
+  return "-" if seeds is None else show(seeds)
+
+
+def _mean_loss(seeds: list[dict]) -> str:
+  return num(float(np.mean([loss_of(r) for r in seeds])), ".3f")
+
+
+def _attention(seeds: list[dict]) -> str:
+  """The largest logit over the seeds / the mean entropy at the end."""
+  logit = max(r["metrics"]["max_logit_max"] for r in seeds)
+  entropy = float(np.mean([r["metrics"]["entropy"] for r in seeds]))
+  return f"{num(logit, '.1f')} / {num(entropy, '.2f')}"
+
+
 def _sweep_table(runs: Sequence[dict]) -> list[str]:
   """The best Stiefel arm over study 1's seven rates, beside A2 and A2-qknorm.
 
@@ -476,33 +492,20 @@ def _sweep_table(runs: Sequence[dict]) -> list[str]:
   }
   rows_of[label] = best_runs
   rows, logit_rows = [], []
-  for label_, rs in rows_of.items():
-    rs = [r for r in rs if r["config"]["adamw_lr"] in SWEEP_RATES]
-    rates = by_rate(rs)
-    complete = [lr for lr in SWEEP_RATES if set(rates.get(lr, {})) == set(SELECTION_SEEDS)]
-    logit_rows.append(
-      [
-        label_,
-        *(
-          num(max(r["metrics"]["max_logit_max"] for r in rates[lr].values()), ".1f")
-          + f" / {num(float(np.mean([r['metrics']['entropy'] for r in rates[lr].values()])), '.2f')}"
-          if lr in complete
-          else "-"
-          for lr in SWEEP_RATES
-        ),
-      ]
-    )
-    means = [
-      num(float(np.mean([loss_of(r) for r in rates[lr].values()])), ".3f")
-      if lr in complete
-      else "-"
+  for name, rs in rows_of.items():
+    rates = by_rate([r for r in rs if r["config"]["adamw_lr"] in SWEEP_RATES])
+    cells = [
+      list(rates[lr].values()) if set(rates.get(lr, {})) == set(SELECTION_SEEDS) else None
       for lr in SWEEP_RATES
     ]
-    if len(complete) == len(SWEEP_RATES):
-      tail = [num(sensitivity(rs), ".3f"), num(select_rate(rs), "g")]
+    done = [seeds for seeds in cells if seeds is not None]
+    if len(done) == len(SWEEP_RATES):
+      swept = [r for seeds in done for r in seeds]
+      tail = [num(sensitivity(swept), ".3f"), num(select_rate(swept), "g")]
     else:
-      tail = [f"- ({len(complete)}/{len(SWEEP_RATES)} rates)", "-"]
-    rows.append([label_, *means, *tail])
+      tail = [f"- ({len(done)}/{len(SWEEP_RATES)} rates)", "-"]
+    rows.append([name, *(_cell_text(seeds, _mean_loss) for seeds in cells), *tail])
+    logit_rows.append([name, *(_cell_text(seeds, _attention) for seeds in cells)])
   return [
     "study 2, the best Stiefel arm over study 1's sweep: final validation loss, bits per",
     "  byte (mean over seeds 0-1; min(loss, loss at init); '-': a seed is missing)",
