@@ -414,8 +414,20 @@ def test_the_report_of_the_larger_model(tmp_path):
   assert fair.best_cells(groups["lm"]) == best
   text = tables.report(groups["lm"], None)
   assert "lm (large)" in text and "the larger model" in text
-  assert "0.0165: 1.711" in text  # A2's upper cell, mean over seeds 0-1
+  assert "0.0165: 1.711 / 1.711" in text  # A2's upper cell: seed 0 / mean over 0-1
   assert "study 1's arms" not in text and "E1 (the frame step)" not in text
+  # The best is chosen by seed 0 alone (the budget rule): without the cells' seed 1
+  # it is the same, and a seed 1 that disagrees does not move it.
+  for f in tmp_path.glob("*-large-*-s1.json"):
+    f.unlink()
+  groups, _ = report_lib.load_runs(tmp_path)
+  assert fair.best_cells(groups["lm"]) == best
+  text = tables.report(groups["lm"], None)
+  assert "0.0165: 1.711" in text and "0.0165: 1.711 /" not in text  # seed 0 alone
+  rec = _study_record("A2", (0.0165, 1.0), 1, 1.0, preset="large")
+  write_json(tmp_path / lm_runs.run_name("A2", rec["config"], 1), rec)
+  groups, _ = report_lib.load_runs(tmp_path)
+  assert fair.best_cells(groups["lm"])["A2"] == (5.5e-3, 1.0)
   # An arm with a cell not begun has no best yet, though its other cells are complete.
   for f in tmp_path.glob("B2-fold-large-lr0.03-*"):
     f.unlink()
@@ -468,3 +480,20 @@ def test_the_docs_quote_study_twos_report_on_the_larger_model():
   doc = (root / "docs/lm.md").read_text()
   missing = [ln for ln in fair.report(large) if ln.strip() and ln not in doc]
   assert missing == [], missing
+
+
+def test_the_larger_models_best_cell_waits_only_for_seed_0(tmp_path, capsys):
+  """``--lr best --select-from around`` chooses among an arm's three larger-model
+  cells once each has seed 0 (the budget rule); seed 1 of a cell is not waited for."""
+  from stiefax.experiments import cli  # pylint: disable=g-import-not-at-top
+
+  _synthetic_study2(tmp_path)
+  cells = command.around_cells(tmp_path, "A2", data.load().facts)
+  for cell in cells[:2]:
+    rec = _study_record("A2", cell, 0, 1.6, preset="large")
+    write_json(tmp_path / lm_runs.run_name("A2", rec["config"], 0), rec)
+  argv = ["lm", "--preset", "large", "--arms", "A2", "--lr", "best", "--out", str(tmp_path)]
+  argv += ["--select-from", "around", "--seeds", "1,2"]
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "A2's cells" in err[0] and "(1 run(s) missing)" in err[0], err

@@ -127,7 +127,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     default="sweep",
     help="the cells 'best' chooses among: sweep, study 1's seven AdamW rates (3e-4 to"
     " 3e-1) at the given frame rate; fair, study 2's grid of docs/lm.md, where B2's best"
-    " cell also fixes its frame rate; around, the cells of --lr around (default sweep)",
+    " cell also fixes its frame rate; around, the cells of --lr around, by seed 0"
+    " (default sweep)",
   )
   parser.add_argument(
     "--cells-from",
@@ -370,11 +371,12 @@ def run(args: argparse.Namespace) -> int:
     elif _is_best(args.lr) and args.select_from == "around":
       wanted = around_cells(src, arm, facts)
       mine = _setting_runs(out, arm, config, facts, args.preset)
-      cell = fair.select_cell(mine, wanted)
+      cell = fair.select_cell(mine, wanted, fair.LARGE_SELECTION_SEEDS)
       if cell is None:
+        missing = fair.missing(mine, wanted, fair.LARGE_SELECTION_SEEDS)
         raise CommandError(
           f"--lr best --select-from around: {arm}'s cells in {out} are not finished"
-          f" ({len(fair.missing(mine, wanted))} run(s) missing)."
+          f" ({len(missing)} run(s) missing)."
         )
       todo_cells = [cell]
       print(f"  {arm}: best cell lr {cell[0]:g} frame-lr {cell[1]:g} in {out}", flush=True)
