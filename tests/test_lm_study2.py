@@ -497,3 +497,23 @@ def test_the_larger_models_best_cell_waits_only_for_seed_0(tmp_path, capsys):
   assert cli.main(argv) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "A2's cells" in err[0] and "(1 run(s) missing)" in err[0], err
+
+
+def test_no_committed_fold_run_records_a_logit_above_its_bound():
+  """Every evaluation of every committed ``B2-fold`` run, on either model, has each
+  head's largest logit within that head's certified bound, and docs/lm.md quotes the
+  largest ratio."""
+  import json  # pylint: disable=g-import-not-at-top
+  import pathlib  # pylint: disable=g-import-not-at-top
+
+  root = pathlib.Path(__file__).parent.parent
+  ratios = []
+  for path in sorted((root / "results/lm-fair").glob("B2-fold-*.json")):
+    h = json.loads(path.read_text())["history"]
+    assert len(h["head_max_logit"]) == len(h["logit_bound"]) > 0, path.name
+    for seen, bound in zip(h["head_max_logit"], h["logit_bound"]):
+      ratios.append(float(np.max(np.asarray(seen) / np.asarray(bound))))
+  assert ratios and max(ratios) <= 1.0
+  doc = (root / "docs/lm.md").read_text()
+  assert f"{max(ratios):.2f} over all ten `B2-fold` runs" in doc
+  assert len(list((root / "results/lm-fair").glob("B2-fold-*.json"))) == 10
