@@ -419,6 +419,10 @@ def _bound_ratio(rs: Sequence[dict]) -> Optional[float]:
   return worst
 
 
+def _mean_std(mean: float, std: float, n: int) -> str:
+  return f"{mean:.4f}" if n < 2 else f"{mean:.4f} ± {std:.4f}"  # one seed has no spread
+
+
 def _best_tables(by: dict, best: dict) -> list[str]:
   chosen = {arm: _seeds_at(by[arm], c) for arm, c in best.items()}
   if "B2" in by and _seeds_at(by["B2"], _STUDY1_B2):
@@ -436,7 +440,7 @@ def _best_tables(by: dict, best: dict) -> list[str]:
     cell = best.get(arm, _STUDY1_B2)
     where = f"{cell[0]:g}" + ("" if not arm.startswith("B2") else f" / {cell[1]:g}")
     rows.append(
-      [arm, where, str(len(rs)), f"{mean:.4f} ± {std:.4f}", vs_a[0], vs_a[3], vs_q[0], vs_q[3]]
+      [arm, where, str(len(rs)), _mean_std(mean, std, len(rs)), vs_a[0], vs_a[3], vs_q[0], vs_q[3]]
     )
     attn_rows.append(
       [
