@@ -517,3 +517,59 @@ def test_no_committed_fold_run_records_a_logit_above_its_bound():
   doc = (root / "docs/lm.md").read_text()
   assert f"{max(ratios):.2f} over all ten `B2-fold` runs" in doc
   assert len(list((root / "results/lm-fair").glob("B2-fold-*.json"))) == 10
+
+
+def _committed_best_contrasts(preset):
+  """``(runs, best, contrast)`` of one model's committed study-2 runs: ``contrast(b,
+  a)`` pairs the test losses of arms ``b`` and ``a`` at their best cells, seeds 0-5."""
+  import pathlib  # pylint: disable=g-import-not-at-top
+
+  from stiefax.experiments import report as report_lib  # pylint: disable=g-import-not-at-top
+  from stiefax.experiments import stats  # pylint: disable=g-import-not-at-top
+
+  root = pathlib.Path(__file__).parent.parent
+  groups, warnings = report_lib.load_runs(root / "results/lm-fair")
+  assert warnings == []
+  runs = [r for r in groups["lm"] if r["config"]["preset"] == preset]
+  best = fair.best_cells(runs)
+
+  def losses(arm):
+    at = [r for r in runs if r["arm"] == arm and fair.cell_of(r) == best[arm]]
+    return {r["seed"]: lm_runs.loss_of(r, "test_bpb") for r in at}
+
+  def contrast(b, a):
+    lb, la = losses(b), losses(a)
+    assert sorted(lb) == sorted(la) == list(range(6)), (b, a)
+    return stats.paired([la[s] for s in range(6)], [lb[s] for s in range(6)])
+
+  return runs, best, contrast
+
+
+def test_the_larger_models_answer_in_the_docs_is_its_runs():
+  """docs/lm.md's paragraph on the larger model quotes its paired contrasts and their
+  verdicts (6 seeds, both intervals agreeing), the small model's gaps it compares them
+  with, and that every arm's best is the lowest rate of its three cells."""
+  import pathlib  # pylint: disable=g-import-not-at-top
+
+  root = pathlib.Path(__file__).parent.parent
+  doc = " ".join((root / "docs/lm.md").read_text().split())
+  para = doc.split("**The larger model's answer**", 1)[1].split("###", 1)[0]
+  large, best, contrast = _committed_best_contrasts(fair.LARGE_PRESET)
+  assert set(best) == {"A2", "A2-qknorm", "B2-diag", "B2-qknorm"}
+  qk = contrast("A2-qknorm", "A2")
+  assert qk.verdict == "no difference"
+  assert f"(`A2-qknorm` - A2: {qk.mean:+.3f}, no difference)" in para
+  stiefel = [("B2-diag", "ends "), ("B2-qknorm", "")]
+  vs_adamw = [contrast(arm, "A2") for arm, _ in stiefel]
+  vs_qk = [contrast(arm, "A2-qknorm") for arm, _ in stiefel]
+  assert all(p.verdict == "b > a" for p in vs_adamw + vs_qk)  # worse, settled
+  first, second = (f"`{arm}` {verb}{a.mean:+.3f}" for (arm, verb), a in zip(stiefel, vs_adamw))
+  assert f"{first} above AdamW and {vs_qk[0].mean:+.3f} above QK-norm" in para
+  assert f"{second} and {vs_qk[1].mean:+.3f}, each worse" in para
+  _, _, small_contrast = _committed_best_contrasts(fair.SMALL_PRESET)
+  small = [small_contrast(arm, "A2-qknorm").mean for arm, _ in stiefel]
+  assert f"ended {small[0]:+.3f} and {small[1]:+.3f} above QK-norm" in para
+  assert all(small_contrast(arm, "A2").verdict == "not settled" for arm, _ in stiefel)
+  for arm, cell in best.items():
+    tried = {fair.cell_of(r) for r in large if r["arm"] == arm}
+    assert len(tried) == 3 and cell == min(tried), arm

@@ -214,7 +214,8 @@ def test_the_language_model_sentences(readme):
   assert best["B2"][0] == best["A2"][0] == 6
   assert sweep["A2-qknorm"][1] < min(sweep["A2"][1], sweep["B2"][1])  # "the flatter sweep"
   assert (
-    "2 layers, d = 128, 1 000 steps" in readme and "at this scale, for language models" in readme
+    "2 layers, d = 128, 1 000 steps" in readme
+    and "at both scales measured, for language models" in readme
   )
   cfg = runs[0]["config"]
   assert (cfg["depth"], cfg["d_model"], cfg["steps"]) == (2, 128, 1000)
@@ -312,3 +313,37 @@ def test_every_verdict_is_the_same_for_every_resample_seed(monkeypatch):
     texts.append(_report(["results/patches/main", "results/patches/robust"], "patches")[0])
     texts.append(_report(["results/lm"], "lm")[0])
   assert texts[0] == texts[2] and texts[1] == texts[3]
+
+
+def test_the_larger_language_model_sentence(readme):
+  """Study 2's larger model (results/lm-fair, preset large): both Stiefel arms run there
+  are worse than QK-norm at its best cell on 6 paired seeds, by the numbers the README
+  gives, and QK-norm and AdamW end level there too ("at both scales measured")."""
+  from stiefax.experiments import stats  # pylint: disable=g-import-not-at-top
+  from stiefax.experiments.lm import fair  # pylint: disable=g-import-not-at-top
+  from stiefax.experiments.lm.runs import loss_of  # pylint: disable=g-import-not-at-top
+
+  groups, warnings = report_lib.load_runs(ROOT / "results/lm-fair")
+  assert warnings == []
+  large = [r for r in groups["lm"] if r["config"]["preset"] == fair.LARGE_PRESET]
+  best = fair.best_cells(large)
+
+  def losses(arm):
+    at = [r for r in large if r["arm"] == arm and fair.cell_of(r) == best[arm]]
+    return {r["seed"]: loss_of(r, "test_bpb") for r in at}
+
+  def contrast(b, a):
+    lb, la = losses(b), losses(a)
+    assert sorted(lb) == sorted(la) == list(range(6)), (b, a)
+    return stats.paired([la[s] for s in range(6)], [lb[s] for s in range(6)])
+
+  stiefel = sorted(a for a in best if a.startswith("B2"))
+  assert len(stiefel) == 2
+  deltas = [contrast(arm, "A2-qknorm") for arm in stiefel]
+  assert all(p.verdict == "b > a" for p in deltas)
+  lo, hi = sorted(p.mean for p in deltas)
+  assert (
+    f"the two Stiefel arms run there end {lo:.3f} and {hi:.3f} above QK-norm"
+    f" (6 paired seeds each): at both scales measured" in readme
+  )
+  assert contrast("A2-qknorm", "A2").verdict == "no difference"
