@@ -573,3 +573,7 @@ def test_the_larger_models_answer_in_the_docs_is_its_runs():
   for arm, cell in best.items():
     tried = {fair.cell_of(r) for r in large if r["arm"] == arm}
     assert len(tried) == 3 and cell == min(tried), arm
+  minutes = [r["wall_time"] / 60 for r in large]
+  hours = sum(minutes) / 60
+  assert f"{len(large)} runs, whose wall times add up to {hours:.1f} core-hours" in doc
+  assert f"({min(minutes):.0f} to {max(minutes):.0f} core-minutes a run)" in doc
