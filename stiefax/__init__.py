@@ -38,6 +38,10 @@ if typing.TYPE_CHECKING:  # the static view of the names loaded by __getattr__
   from stiefax._alias import riemannian_sgd
   from stiefax._alias import stiefel_adamw
   from stiefax._frames import FrameSpec
+  from stiefax._hyperball import HyperballState
+  from stiefax._hyperball import adamh
+  from stiefax._hyperball import hyperball
+  from stiefax._hyperball import muonh
   from stiefax._matrix import POLAR_METHODS
   from stiefax._projections import canonical_gradient
   from stiefax._projections import grassmann_project
@@ -80,6 +84,10 @@ _EXPORTS = {
   "riemannian_sgd": "stiefax._alias",
   "stiefel_adamw": "stiefax._alias",
   "FrameSpec": "stiefax._frames",
+  "hyperball": "stiefax._hyperball",
+  "adamh": "stiefax._hyperball",
+  "muonh": "stiefax._hyperball",
+  "HyperballState": "stiefax._hyperball",
   "ManifoldMuonState": "stiefax.muon",
   "manifold_muon": "stiefax.muon",
   "canonical_gradient": "stiefax._projections",
@@ -116,6 +124,10 @@ __all__ = [
   "stiefel_adamw",
   "manifold_muon",
   "ManifoldMuonState",
+  "hyperball",
+  "adamh",
+  "muonh",
+  "HyperballState",
   "POLAR_METHODS",
   "PROJECTORS",
   "RETRACTIONS",

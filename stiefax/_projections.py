@@ -171,7 +171,7 @@ def norm_cap(
   ``frames_of(path, u) -> (eta, sq_norm, r, restore)``: the leaf's frames in the
   compute dtype, their squared Frobenius norms (broadcasting against ``eta``), their
   column count and the map from capped frames back to a leaf like ``u``.
-  :func:`step_norm_cap` views Stiefel frames; :func:`stiefax.sphere.hyperball_adam` views
+  :func:`step_norm_cap` views Stiefel frames; :func:`stiefax.sphere.sphere_adam` views
   sphere frames, which may be wide, vectors or scalars. ``max_norm`` is checked by
   the caller.
   """

@@ -235,7 +235,7 @@ def rescale(c: float, *, labels: LabelsLike = None, label: str = STIEFEL_LABEL) 
   ``grad l(w / c) / c``. For a scale-invariant parameter (``l(c w) = l(w)``: query/key
   under QK-norm) ``l' = l`` and the action is a symmetry. SGD, Adam and AdamW are not
   covariant under it (the second seed's example: SGD's update shrinks by ``c`` where
-  it should grow by ``c``); :func:`stiefax.sphere.hyperball_adam` with ``radius=None`` is.
+  it should grow by ``c``); :func:`stiefax.sphere.sphere_adam` with ``radius=None`` is.
   Stiefel frames have no rescaled counterpart (``c W`` leaves ``St(d, r)``).
 
   Example:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import jax
 import optax
 
+from stiefax._hyperball import HYPERBALL_LABEL
+from stiefax._hyperball import matrix_labels
 from stiefax._layouts import STIEFEL_LABEL
 from stiefax._resolve import LabelsLike
 from stiefax._resolve import checked_labels
@@ -27,6 +29,8 @@ __all__ = [
   "resolve_labels",
   "label_mask",
   "checked_labels",
+  "HYPERBALL_LABEL",
+  "matrix_labels",
 ]
 
 

@@ -13,6 +13,7 @@ a callable ``(key_path, leaf) -> FrameSpec`` such as :func:`qk_frames`, or ``Non
 
 from __future__ import annotations
 
+from stiefax._hyperball import matrix_frames
 from stiefax._layouts import EUCLIDEAN_LABEL
 from stiefax._layouts import LAYOUTS
 from stiefax._layouts import STIEFEL_LABEL
@@ -45,4 +46,5 @@ __all__ = [
   "resolve_frames",
   "checked_frames",
   "decay_mask",
+  "matrix_frames",
 ]

@@ -1,4 +1,4 @@
-"""Constant-norm ("Hyperball") optimization: each frame kept on its own sphere.
+"""The Riemannian sphere Adam: each frame kept on its own sphere, stepped in its tangent space.
 
 A scale-invariant parameter, ``l(c W) = l(W)`` for ``c > 0`` (query/key projections
 under QK-norm, for example), has no use for its norm: only its direction matters.
@@ -32,6 +32,7 @@ from typing import Callable
 from typing import NamedTuple
 from typing import Optional
 from typing import Sequence
+import warnings
 
 import chex
 import jax
@@ -47,7 +48,7 @@ from stiefax._resolve import FramesLike
 from stiefax._resolve import resolve_frames
 from stiefax._transforms import ScalarMomentState
 
-__all__ = ["sphere_project", "sphere_retract", "sphere_moment", "hyperball_adam"]
+__all__ = ["sphere_project", "sphere_retract", "sphere_moment", "sphere_adam", "hyperball_adam"]
 
 
 class _Frames(NamedTuple):
@@ -301,7 +302,7 @@ def _relative_step(frames: FramesLike) -> optax.GradientTransformation:
     scale = jnp.sqrt(frame_inner(wf, wf, fr.axes) / fr.columns(wf.shape))
     return fr.unview((fr.view(u).astype(cd) * scale).astype(u.dtype), u)
 
-  return _routing.map_with_params("hyperball_adam", leaf)
+  return _routing.map_with_params("sphere_adam", leaf)
 
 
 def _sphere_cap(max_norm: chex.Numeric, frames: FramesLike) -> optax.GradientTransformation:
@@ -322,7 +323,7 @@ def _sphere_cap(max_norm: chex.Numeric, frames: FramesLike) -> optax.GradientTra
   return norm_cap(max_norm, sphere_frames)
 
 
-def hyperball_adam(
+def sphere_adam(
   learning_rate: optax.ScalarOrSchedule,
   *,
   b1: chex.Numeric = 0.9,
@@ -334,11 +335,16 @@ def hyperball_adam(
   relative: bool = True,
   mu_dtype: Any = None,
 ) -> optax.GradientTransformation:
-  r"""Scalar-moment, step-capped Adam on the sphere of each frame ("Hyperball").
+  r"""The Riemannian sphere Adam: scalar-moment, step-capped Adam on each frame's sphere.
 
   The corrected Riemannian Adam of the paper (section 3.2) with the sphere
-  ``{||W|| = rho}`` in place of ``St(d, r)``. Per frame ``W`` with ``r`` columns and
-  Euclidean gradient ``g_t``::
+  ``{||W|| = rho}`` in place of ``St(d, r)``. It is not the published Hyperball
+  (:func:`stiefax.hyperball`, Wen et al. 2026), which takes any base optimizer's
+  direction as it is, steps and renormalizes (``W <- R Normalize(W - eta R
+  Normalize(u))``); this one projects the gradient onto the sphere's tangent space,
+  transports its first moment, keeps one second-moment scalar per frame and caps the
+  step before the retraction. Per frame ``W`` with ``r`` columns and Euclidean
+  gradient ``g_t``::
 
       xi_t  = g_t - <g_t, W> / ||W||^2 W                  # sphere_project
       m_t   = P_W(b1 m_{t-1} + (1 - b1) xi_t)               # sphere_moment
@@ -360,7 +366,7 @@ def hyperball_adam(
   Example:
     >>> import jax, jax.numpy as jnp, optax, stiefax
     >>> w = jax.random.normal(jax.random.key(0), (16, 2, 4))   # two heads
-    >>> tx = stiefax.sphere.hyperball_adam(1.0)
+    >>> tx = stiefax.sphere.sphere_adam(1.0)
     >>> state = tx.init(w)
     >>> g = jax.random.normal(jax.random.key(1), w.shape)
     >>> updates, state = tx.update(g, state, w)
@@ -386,7 +392,7 @@ def hyperball_adam(
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
   _checks.check_hyperparams(
-    "hyperball_adam",
+    "sphere_adam",
     learning_rate=learning_rate,
     b1=b1,
     b2=b2,
@@ -405,3 +411,19 @@ def hyperball_adam(
     parts.append(_relative_step(frames))
   parts.append(sphere_retract(radius, frames=frames))
   return optax.chain(*parts)
+
+
+def hyperball_adam(*args: Any, **kwargs: Any) -> optax.GradientTransformation:
+  """Deprecated name of :func:`sphere_adam` (removed in 0.5).
+
+  The name suggested the published Hyperball, which is :func:`stiefax.hyperball`
+  (with :func:`stiefax.adamh` and :func:`stiefax.muonh`); this is the Riemannian
+  sphere Adam, :func:`sphere_adam`, with the same arguments.
+  """
+  warnings.warn(
+    "stiefax.sphere.hyperball_adam is deprecated: it is the Riemannian sphere Adam, now"
+    " stiefax.sphere.sphere_adam; the published Hyperball is stiefax.hyperball.",
+    DeprecationWarning,
+    stacklevel=2,
+  )
+  return sphere_adam(*args, **kwargs)

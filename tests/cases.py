@@ -153,7 +153,7 @@ CASES = {
   ),
   # Frames on spheres.
   "hyperball_adam": Case(
-    stiefax.sphere.hyperball_adam, dict(learning_rate=1.0), params="sphere", manifold="sphere"
+    stiefax.sphere.sphere_adam, dict(learning_rate=1.0), params="sphere", manifold="sphere"
   ),
   # The transforms.
   "stiefel_project": Case(

@@ -1,7 +1,7 @@
 """Every public optimizer and transform crossed with Optax's harness checks.
 
 One table of factories (the aliases with each projector, moment, retraction and
-``fused=False``, the whole-model ``stiefel_adamw``, ``hyperball_adam``,
+``fused=False``, the whole-model ``stiefel_adamw``, ``sphere_adam``,
 ``manifold_muon`` and every transform), each built on a small tree, crossed with:
 jitted init/update with a stable state, ``optax.inject_hyperparams`` with the learning
 rate traced, ``optax.MultiSteps``, updates inside ``lax.cond`` inside ``lax.scan``,
@@ -49,7 +49,10 @@ from tests.cases import wrapped
 
 def test_the_table_covers_every_public_factory():
   """The factories of the top level and of :mod:`stiefax.sphere` (``sphere_moment`` is
-  a piece of ``hyperball_adam``, checked in ``tests/test_sphere.py``)."""
+  a piece of ``sphere_adam``, checked in ``tests/test_sphere.py``; ``hyperball_adam``
+  is its deprecated name; the constant-norm wrappers ``hyperball``, ``adamh`` and
+  ``muonh`` hold whole matrices and refuse vectors, and ``tests/test_hyperball.py``
+  crosses them with the same wrappers and checks)."""
   public = {
     name
     for module in (stiefax, stiefax.sphere)
@@ -57,7 +60,7 @@ def test_the_table_covers_every_public_factory():
     if callable(getattr(module, name))
     and not isinstance(getattr(module, name), type)
     and name[0].islower()
-  } - {"sphere_moment"}
+  } - {"sphere_moment", "hyperball_adam", "hyperball", "adamh", "muonh"}
   covered = {case.factory.__name__ for case in CASES.values()}
   assert public <= covered, sorted(public - covered)
 

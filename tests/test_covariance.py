@@ -52,8 +52,8 @@ OPTIMIZERS = {
   "radam-elementwise": lambda: stiefax.riemannian_adam(0.03, eps=0.0, moment="elementwise"),
   "adamw": lambda: optax.adamw(1e-2, eps=0.0, weight_decay=0.1),
   "sgd": lambda: optax.sgd(1e-2),
-  "hyperball": lambda: stiefax.sphere.hyperball_adam(1.0, eps=0.0),
-  "hyperball-absolute": lambda: stiefax.sphere.hyperball_adam(1.0, eps=0.0, relative=False),
+  "hyperball": lambda: stiefax.sphere.sphere_adam(1.0, eps=0.0),
+  "hyperball-absolute": lambda: stiefax.sphere.sphere_adam(1.0, eps=0.0, relative=False),
 }
 
 # (optimizer, action, covariant?): each covariant claim has a failing control.
@@ -259,12 +259,12 @@ def test_covariance_command_prints_the_table(capsys):
   out = capsys.readouterr().out
   rows = {}
   for line in out.splitlines():
-    for label in ("optax.adam(1e-2)", "riemannian_adam (B2)", "hyperball_adam"):
+    for label in ("optax.adam(1e-2)", "riemannian_adam (B2)", "sphere_adam"):
       if line.strip().startswith(label):
         rows[label] = line.strip()[len(label) :].split()
   assert "left O(d)" in out and "rescale x3" in out
   adam, radam, hyper = (
-    rows[k] for k in ("optax.adam(1e-2)", "riemannian_adam (B2)", "hyperball_adam")
+    rows[k] for k in ("optax.adam(1e-2)", "riemannian_adam (B2)", "sphere_adam")
   )
   assert float(adam[0]) > 1e-3 and float(radam[0]) < 1e-12  # left O(d)
   assert radam[1] == "n/a" and float(hyper[1]) < 1e-12  # rescale

@@ -108,7 +108,7 @@ FRAMES = {
   "sphere_project": lambda t, **f: _step(stiefax.sphere.sphere_project(**f), t),
   "sphere_retract": lambda t, **f: _step(stiefax.sphere.sphere_retract(**f), t),
   "sphere_moment": lambda t, **f: _step(stiefax.sphere.sphere_moment(**f), t),
-  "hyperball_adam": lambda t, **f: _step(stiefax.sphere.hyperball_adam(1.0, **f), t),
+  "sphere_adam": lambda t, **f: _step(stiefax.sphere.sphere_adam(1.0, **f), t),
   "project_params": lambda t, **f: project_params(_moved(t), **f),
   "orthogonality_penalty": lambda t, **f: orthogonality_penalty(_moved(t), **f),
   "isometry_error": lambda t, **f: diagnostics.isometry_error(_moved(t), **f),
@@ -138,7 +138,7 @@ SPLIT_REFUSED = {
   "sphere_project",
   "sphere_retract",
   "sphere_moment",
-  "hyperball_adam",
+  "sphere_adam",
   "effective_learning_rate",
   "angular_update",
   "update_summary",
@@ -161,8 +161,31 @@ def _same(a, b):
       np.testing.assert_array_equal(x, y)
 
 
+# The constant-norm wrappers hold whole matrices, not query/key frames: their
+# ``frames=None`` is :func:`stiefax.layouts.matrix_frames` (docstrings of each).
+MATRICES = {
+  "hyperball": lambda t, **f: _step(stiefax.hyperball(optax.scale_by_adam(), 0.1, **f), t),
+  "adamh": lambda t, **f: _step(stiefax.adamh(0.1, **f), t),
+  "muonh": lambda t, **f: _step(stiefax.muonh(0.1, **f), t),
+}
+
+
 def test_every_function_taking_frames_is_in_the_tables():
-  assert set(_public_functions("frames")) == set(FRAMES) | set(ROOT)
+  assert set(_public_functions("frames")) == set(FRAMES) | set(ROOT) | set(MATRICES)
+
+
+@pytest.mark.parametrize("name", sorted(MATRICES))
+def test_the_constant_norm_wrappers_frames_none_is_matrix_frames(name):
+  params = {
+    "attn": {"q_einsum": {"w": jnp.cos(jnp.arange(H * D * R, dtype=float)).reshape(H, D, R)}},
+    "mlp": {"gating_einsum": {"w": jnp.sin(jnp.arange(2 * D * 4, dtype=float)).reshape(2, D, 4)}},
+  }
+  run = MATRICES[name]
+  omitted = run(params)
+  _same(omitted, run(params, frames=None))
+  _same(omitted, run(params, frames=layouts.matrix_frames()))
+  with pytest.raises(AssertionError):  # control: per-head frames are another grouping
+    _same(omitted, run(params, frames=layouts.qk_frames()))
 
 
 def test_every_frames_default_is_none():
@@ -230,8 +253,22 @@ LABELS = {
 }
 
 
+# The constant-norm optimizers label hidden matrices: their ``labels=None`` is
+# :func:`stiefax.labels.matrix_labels`.
+MATRIX_LABELS = {
+  "adamh": lambda l: _step(stiefax.adamh(0.1, labels=l), P),
+  "muonh": lambda l: _step(stiefax.muonh(0.1, labels=l), P),
+}
+
+
 def test_every_function_taking_labels_is_in_the_table():
-  assert set(_public_functions("labels")) == set(LABELS)
+  assert set(_public_functions("labels")) == set(LABELS) | set(MATRIX_LABELS)
+
+
+@pytest.mark.parametrize("name", sorted(MATRIX_LABELS))
+def test_the_constant_norm_labels_none_is_matrix_labels(name):
+  run = MATRIX_LABELS[name]
+  _same(run(None), run(stiefax.labels.matrix_labels))
 
 
 @pytest.mark.parametrize("name", sorted(LABELS))
@@ -248,7 +285,7 @@ def test_arguments_after_the_learning_rate_are_keyword_only():
     stiefax.riemannian_sgd,
     stiefax.stiefel_adamw,
     stiefax.manifold_muon,
-    stiefax.sphere.hyperball_adam,
+    stiefax.sphere.sphere_adam,
   ):
     params = list(inspect.signature(alias).parameters.values())
     assert params[0].name == "learning_rate", alias.__name__

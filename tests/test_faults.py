@@ -290,7 +290,7 @@ def test_rows5_to_8_riemannian_adam_checks_its_settings(kwargs, match):
     (lambda: stiefax.riemannian_sgd(float("inf")), "riemannian_sgd: learning_rate"),
     (lambda: stiefax.stiefel_adamw(1e-3, b2=1.0), "stiefel_adamw: b2 must be in [0, 1)"),
     (lambda: stiefax.stiefel_adamw(1e-3, weight_decay=-1.0), "stiefel_adamw: weight_decay"),
-    (lambda: stiefax.sphere.hyperball_adam(1.0, max_norm=-1.0), "hyperball_adam: max_norm"),
+    (lambda: stiefax.sphere.sphere_adam(1.0, max_norm=-1.0), "sphere_adam: max_norm"),
     (lambda: stiefax.manifold_muon(0.1, beta=1.5), "manifold_muon: beta must be in [0, 1)"),
     (lambda: stiefax.manifold_muon(0.1, ns_iterations=0), "ns_iterations must be an int >= 1"),
   ],

@@ -17,17 +17,17 @@ def frame_norms(w):
 
 
 @pytest.mark.parametrize(
-  "name", ["sphere_project", "sphere_retract", "sphere_moment", "hyperball_adam"]
+  "name", ["sphere_project", "sphere_retract", "sphere_moment", "sphere_adam"]
 )
 def test_sphere_update_without_params_is_a_clear_error(name):
   tx = {
     "sphere_project": stiefax.sphere.sphere_project,
     "sphere_retract": stiefax.sphere.sphere_retract,
     "sphere_moment": sphere.sphere_moment,
-    "hyperball_adam": lambda: stiefax.sphere.hyperball_adam(1.0),
+    "sphere_adam": lambda: stiefax.sphere.sphere_adam(1.0),
   }[name]()
   w = jnp.ones((4, 2, 3))
-  first = "sphere_project" if name == "hyperball_adam" else name  # the chain's first step
+  first = "sphere_project" if name == "sphere_adam" else name  # the chain's first step
   with pytest.raises(ValueError, match=rf"stiefax.{first} needs the current point W"):
     tx.update(w, tx.init(w))
 
@@ -37,7 +37,7 @@ def test_hyperball_keeps_each_frame_norm_over_many_steps(x64, rng):
   vec = jnp.asarray(rng.standard_normal((5,)))
   params = {"w": w0, "v": vec}
   loss = lambda p: jnp.sum(jnp.sin(p["w"])) + jnp.sum(jnp.cos(3 * p["v"]))
-  tx = stiefax.sphere.hyperball_adam(0.3, max_norm=None)
+  tx = stiefax.sphere.sphere_adam(0.3, max_norm=None)
   state = tx.init(params)
   p = params
   step = jax.jit(lambda p, s: tx.update(jax.grad(loss)(p), s, p))
@@ -81,7 +81,7 @@ def test_sphere_retract_radius_none_vs_given(x64, rng):
 
 
 def reference_hyperball_step(w, g, lr, b1, b2, eps, tau, radius):
-  """One first step of hyperball_adam for one frame, in float64 NumPy."""
+  """One first step of sphere_adam for one frame, in float64 NumPy."""
   w, g = np.asarray(w, np.float64), np.asarray(g, np.float64)
   r = w.shape[1]
   xi = g - np.sum(g * w) / np.sum(w * w) * w
@@ -102,7 +102,7 @@ def reference_hyperball_step(w, g, lr, b1, b2, eps, tau, radius):
 def test_hyperball_step_matches_float64_reference(x64, rng, radius):
   w = jnp.asarray(rng.standard_normal((D, H, R)))
   g = jnp.asarray(rng.standard_normal(w.shape))
-  tx = stiefax.sphere.hyperball_adam(1.0, eps=1e-3, max_norm=0.2, radius=radius)
+  tx = stiefax.sphere.sphere_adam(1.0, eps=1e-3, max_norm=0.2, radius=radius)
   new = optax.apply_updates(w, tx.update(g, tx.init(w), w)[0])
   for h in range(H):
     expected = reference_hyperball_step(w[:, h, :], g[:, h, :], 1.0, 0.9, 0.999, 1e-3, 0.2, radius)

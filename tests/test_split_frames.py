@@ -156,11 +156,11 @@ def test_sphere_project_and_retract_match_numpy(x64, rng, case):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_hyperball_adam_runs_on_split_and_selected_leaves(x64, rng, case):
+def test_sphere_adam_runs_on_split_and_selected_leaves(x64, rng, case):
   params, _, keys, slicer, batch = make(rng, case)
   state = stiefax.sphere.sphere_moment(frames=FRAMES).init(params)
   assert leaf(state.nu, keys).shape == batch
-  tx = stiefax.sphere.hyperball_adam(0.5, frames=FRAMES)
+  tx = stiefax.sphere.sphere_adam(0.5, frames=FRAMES)
   state = tx.init(params)
   w = params
   for _ in range(3):

@@ -68,7 +68,7 @@ OPTIMIZERS: dict[str, tuple[str, Callable[[], optax.GradientTransformation]]] = 
     "riemannian_sgd (PA16)",
     lambda: optim.frame_rule(ARMS["B2-SGD"], optim.Hyper(frame_lr=0.02)),
   ),
-  "hyperball": ("hyperball_adam", lambda: stiefax.sphere.hyperball_adam(1.0, eps=0.0)),
+  "hyperball": ("sphere_adam", lambda: stiefax.sphere.sphere_adam(1.0, eps=0.0)),
 }
 
 #: Optimizers whose points live on St(d, r).
