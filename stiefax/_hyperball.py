@@ -41,6 +41,7 @@ __all__ = [
   "muonh",
   "matrix_frames",
   "matrix_labels",
+  "muon_dimension_numbers",
 ]
 
 #: The label of the matrices :func:`adamh` and :func:`muonh` hold on their spheres.
@@ -422,8 +423,20 @@ def adamh(
 
 
 def muon_dimension_numbers(frames: Any = None) -> Callable[[optax.Params], Any]:
-  """Muon's ``weight_dimension_numbers`` for the matrices ``frames`` names: each
-  frame's rows are the reduction axis, its columns the output axes, the rest batch."""
+  """Muon's ``weight_dimension_numbers`` for the matrices ``frames`` names.
+
+  A callable ``params -> tree of optax.contrib.MuonDimensionNumbers`` (what
+  ``optax.contrib.scale_by_muon(weight_dimension_numbers=...)`` takes): each frame's
+  rows are Muon's reduction axis, its columns the output axes, every other axis a batch
+  axis. ``frames=None`` is :func:`matrix_frames`, so Muon orthogonalizes the matrices
+  :func:`stiefax.hyperball` holds at their norms.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from stiefax.layouts import muon_dimension_numbers
+    >>> muon_dimension_numbers()({"kv_einsum": {"w": jnp.zeros((2, 4, 64, 16))}})
+    {'kv_einsum': {'w': MuonDimensionNumbers(reduction_axis=2, output_axis=(1, 3))}}
+  """
 
   def dims(params: optax.Params) -> Any:
     def leaf(path: Any, w: Any) -> Any:

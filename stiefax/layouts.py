@@ -14,6 +14,7 @@ a callable ``(key_path, leaf) -> FrameSpec`` such as :func:`qk_frames`, or ``Non
 from __future__ import annotations
 
 from stiefax._hyperball import matrix_frames
+from stiefax._hyperball import muon_dimension_numbers
 from stiefax._layouts import EUCLIDEAN_LABEL
 from stiefax._layouts import LAYOUTS
 from stiefax._layouts import STIEFEL_LABEL
@@ -47,4 +48,5 @@ __all__ = [
   "checked_frames",
   "decay_mask",
   "matrix_frames",
+  "muon_dimension_numbers",
 ]

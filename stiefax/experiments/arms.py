@@ -17,6 +17,16 @@ Frame rules (``Arm.frames``):
   manifold_muon    stiefax.manifold_muon
   muon             optax.contrib.muon, one matrix per head, decayed, unconstrained
   zero             optax.set_to_zero: W_Q, W_K never move
+
+Matrix rules (``Arm.matrices``, ``stiefax lm``): how every other hidden matrix (the
+attention and MLP projections; W_Q, W_K too when ``frames`` is ``adamw``) trains;
+embeddings, norm scales and other vectors stay with AdamW:
+
+  adamw            AdamW with the rest (the default)
+  adamh            stiefax.adamh: the published Hyperball over Adam, no decay
+  muonh            stiefax.muonh: the published Hyperball over Muon, no decay
+  muon             optax.contrib.scale_by_muon, decayed, unconstrained
+  sphere_adam      stiefax.sphere.sphere_adam: the Riemannian sphere Adam, no decay
 """
 
 from __future__ import annotations
@@ -27,7 +37,17 @@ from typing import Iterable
 from typing import Mapping
 from typing import Optional
 
-__all__ = ["FRAME_RULES", "ATTENTION", "QK_INPUTS", "Arm", "ARMS", "ALIASES", "select", "lookup"]
+__all__ = [
+  "FRAME_RULES",
+  "MATRIX_RULES",
+  "ATTENTION",
+  "QK_INPUTS",
+  "Arm",
+  "ARMS",
+  "ALIASES",
+  "select",
+  "lookup",
+]
 
 FRAME_RULES = (
   "adamw",
@@ -38,6 +58,9 @@ FRAME_RULES = (
   "muon",
   "zero",
 )
+
+#: How an arm trains the hidden matrices that are not its frames (``Arm.matrices``).
+MATRIX_RULES = ("adamw", "adamh", "muonh", "muon", "sphere_adam")
 
 #: How an arm's attention reads W_Q, W_K (:mod:`stiefax.experiments.attention`).
 ATTENTION = ("plain", "qknorm", "sigma")
@@ -75,6 +98,8 @@ class Arm:
       (the values keep the gained input; ``stiefax lm``).
     frame_gain: each query/key head is ``U_h diag(g_h)``: ``U_h`` the frame, ``g_h`` in
       R^r a learned gain, init 1, trained by AdamW without decay (``stiefax lm``).
+    matrices: the rule of the hidden matrices that are not frames, one of
+      :data:`MATRIX_RULES`, at the setting's matrix rate (``stiefax lm``).
   """
 
   name: str
@@ -91,8 +116,13 @@ class Arm:
   temperature: bool = False
   qk_input: str = "gained"
   frame_gain: bool = False
+  matrices: str = "adamw"
 
   def __post_init__(self) -> None:
+    if self.matrices not in MATRIX_RULES:
+      raise ValueError(
+        f"Arm {self.name!r}: matrices={self.matrices!r}; choose from {', '.join(MATRIX_RULES)}"
+      )
     if self.qk_input not in QK_INPUTS:
       raise ValueError(
         f"Arm {self.name!r}: qk_input={self.qk_input!r}; choose from {', '.join(QK_INPUTS)}"
@@ -186,6 +216,51 @@ ARMS: Mapping[str, Arm] = types.MappingProxyType(
         rate=1.0,
         grid=_RADAM_GRID,
         frame_gain=True,
+      ),
+      # Study 3 (docs/lm.md): constant-norm matrices.
+      Arm(
+        "AdamH",
+        "AdamH (Hyperball over Adam) on every hidden matrix, AdamW on the rest",
+        "adamw",
+        orthonormal=False,
+        matrices="adamh",
+      ),
+      Arm(
+        "AdamH-qknorm",
+        "AdamH + QK-norm (LayerNorm on each head's q and k, learned scale)",
+        "adamw",
+        orthonormal=False,
+        attention="qknorm",
+        matrices="adamh",
+      ),
+      Arm(
+        "Muon",
+        "Muon (optax.contrib, decayed) on every hidden matrix, AdamW on the rest",
+        "adamw",
+        orthonormal=False,
+        matrices="muon",
+      ),
+      Arm(
+        "MuonH",
+        "MuonH (Hyperball over Muon) on every hidden matrix, AdamW on the rest",
+        "adamw",
+        orthonormal=False,
+        matrices="muonh",
+      ),
+      Arm(
+        "B2-H",
+        "B2 on the W_Q, W_K frames, AdamH on every other hidden matrix",
+        "riemannian_adam",
+        rate=1.0,
+        grid=_RADAM_GRID,
+        matrices="adamh",
+      ),
+      Arm(
+        "SphereAdam",
+        "Riemannian sphere Adam on every hidden matrix, AdamW on the rest",
+        "adamw",
+        orthonormal=False,
+        matrices="sphere_adam",
       ),
       Arm(
         "B2-SGD",

@@ -122,6 +122,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     " (default: the preset's, 1.0)",
   )
   parser.add_argument(
+    "--matrix-lr",
+    default=None,
+    help="the peak rate(s) of the matrix rule of AdamH, AdamH-qknorm, MuonH, Muon, B2-H and"
+    " SphereAdam (the other arms ignore it), comma-separated (default 0.01)",
+  )
+  parser.add_argument(
     "--select-from",
     choices=("sweep", "fair", "around"),
     default="sweep",
@@ -392,12 +398,16 @@ def run(args: argparse.Namespace) -> int:
         todo_cells.append((lr, f))
     else:
       todo_cells = [(lr, f) for f in arm_frames for lr in _rates(args.lr)]
+    matrix_rates = [config.matrix_lr]
+    if args.matrix_lr is not None and ARMS[arm].matrices != "adamw":
+      matrix_rates = _rates(args.matrix_lr, "--matrix-lr")
     for lr, f in todo_cells:
-      c = dataclasses.replace(config, adamw_lr=lr, frame_lr=f)
-      cfg = runs_lib.run_config(ARMS[arm], c, facts, args.preset)
-      for seed in seeds:
-        path = out / runs_lib.run_name(arm, cfg, seed)
-        todo.append(Job(arm, seed, path, config=c, cfg=cfg))
+      for m in matrix_rates:
+        c = dataclasses.replace(config, adamw_lr=lr, frame_lr=f, matrix_lr=m)
+        cfg = runs_lib.run_config(ARMS[arm], c, facts, args.preset)
+        for seed in seeds:
+          path = out / runs_lib.run_name(arm, cfg, seed)
+          todo.append(Job(arm, seed, path, config=c, cfg=cfg))
   reuse = None
   if args.reuse is not None:
     reuse = pathlib.Path(args.reuse)

@@ -32,6 +32,13 @@ ARMS = arms.select(
     "B2-temp",
     "B2-fold",
     "B2-diag",
+    # Study 3 (docs/lm.md).
+    "AdamH",
+    "AdamH-qknorm",
+    "Muon",
+    "MuonH",
+    "B2-H",
+    "SphereAdam",
   )
 )
 
@@ -56,6 +63,9 @@ class LMConfig:
     eval_every: steps between evaluations (validation loss and the attention probe).
     val_windows, test_windows: held-out windows of ``seq + 1`` bytes.
     probe_windows: validation windows the attention probe reads.
+    matrix_lr: the peak rate of the arm's matrix rule (``Arm.matrices``: AdamH, MuonH,
+      Muon, the sphere Adam), on the same schedule; recorded only by the arms that have
+      one, so the other arms' runs keep their identities.
   """
 
   d_model: int = 64
@@ -79,6 +89,7 @@ class LMConfig:
   val_windows: int = 256
   test_windows: int = 512
   probe_windows: int = 8
+  matrix_lr: float = 0.01
 
   @property
   def model(self) -> ModelConfig:
@@ -110,7 +121,7 @@ class LMConfig:
       raise ValueError(f"warmup_steps={self.warmup_steps}: must be in [0, steps={self.steps})")
     if not 1 <= self.probe_windows <= self.val_windows:
       raise ValueError(f"probe_windows={self.probe_windows}: must be in [1, val_windows]")
-    for name in ("adamw_lr", "frame_lr", "weight_decay", "max_norm"):
+    for name in ("adamw_lr", "frame_lr", "weight_decay", "max_norm", "matrix_lr"):
       v = getattr(self, name)
       if not (v >= 0 and v < float("inf")):
         raise ValueError(f"{name}={v}: must be finite and >= 0")
@@ -187,4 +198,5 @@ def hyper(arm: Arm, config: LMConfig) -> optim.Hyper:
     max_norm=config.max_norm,
     adamw_eps=config.eps,
     frames=stiefax.layouts.qk_frames(),
+    matrix_lr=schedule(config, config.matrix_lr) if arm.matrices != "adamw" else 0.0,
   )

@@ -63,17 +63,22 @@ def arm_definition(arm: Arm) -> dict:
     out["qk_input"] = arm.qk_input
   if arm.frame_gain:
     out["frame_gain"] = True
+  if arm.matrices != "adamw":
+    out["matrices"] = arm.matrices
   return out
 
 
 def run_config(arm: Arm, config: LMConfig, corpus_facts: dict, preset: str) -> dict:
-  """The ``"config"`` of a run."""
+  """The ``"config"`` of a run (``matrix_lr`` only for an arm with a matrix rule)."""
+  settings = dataclasses.asdict(config)
+  if arm.matrices == "adamw":
+    del settings["matrix_lr"]
   return {
     "experiment": "lm",
     "preset": preset,
     "arm": arm_definition(arm),
     "corpus": dict(corpus_facts),
-    **dataclasses.asdict(config),
+    **settings,
   }
 
 
@@ -88,13 +93,16 @@ def _own_frame_rate(cfg: dict) -> bool:
 
 
 def run_name(arm: str, cfg: dict, seed: int) -> str:
-  """``<arm>-<preset>-lr<adamw rate>[-flr<frame rate>]-<config hash>-s<seed>.json``.
+  """``<arm>-<preset>-lr<adamw rate>[-flr<frame rate>][-mlr<matrix rate>]-<hash>-s<seed>.json``.
 
-  The frame rate is named where the frames move at one other than the default 1.0.
+  The frame rate is named where the frames move at one other than the default 1.0,
+  the matrix rate where the arm has a matrix rule.
   """
   stem = f"{arm}-{cfg['preset']}-lr{cfg['adamw_lr']:g}"
   if _own_frame_rate(cfg) and cfg["frame_lr"] != _DEFAULT_FRAME_RATE:
     stem += f"-flr{cfg['frame_lr']:g}"
+  if "matrix_lr" in cfg:
+    stem += f"-mlr{cfg['matrix_lr']:g}"
   return store.run_file_name(stem, run_identity(cfg), seed)
 
 
@@ -126,6 +134,8 @@ def run_command(arm: str, cfg: dict, seed: int, out: Any) -> str:
   parts += ["--lr", repr(cfg["adamw_lr"])]
   if cfg["frame_lr"] != base["frame_lr"]:
     parts += ["--frame-lr", repr(cfg["frame_lr"])]
+  if "matrix_lr" in cfg:
+    parts += ["--matrix-lr", repr(cfg["matrix_lr"])]
   for name in ("steps", "eval_every", "batch", "max_norm"):
     if cfg[name] != base[name]:
       parts += [f"--{name.replace('_', '-')}", str(cfg[name])]

@@ -144,7 +144,8 @@ def programs(arm: Arm, config: LMConfig) -> Programs:
 
 def _cap_ratio_fn(arm: Arm, config: LMConfig) -> Optional[Callable[[Any], jax.Array]]:
   """``opt_state -> |eta|_F / (tau sqrt(r))`` of every frame at the step just taken, or
-  None where the frame rule is not a capped scalar-moment Riemannian Adam.
+  None where the frame rule is not a capped scalar-moment Riemannian Adam, or where the
+  arm also has a matrix rule.
 
   After an update the state holds that step's count ``t``, first moment ``m`` and
   scalar second moment ``v``; the step before the cap is ``eta = lr(t - 1) m_hat /
@@ -155,6 +156,8 @@ def _cap_ratio_fn(arm: Arm, config: LMConfig) -> Optional[Callable[[Any], jax.Ar
   peak = frame_rate(arm, config)
   max_norm = opts.get("max_norm", config.max_norm)
   if arm.frames != "riemannian_adam" or opts.get("moment", "scalar") != "scalar":
+    return None
+  if arm.matrices != "adamw":  # B2-H: its frames' moments sit in two parts of the state
     return None
   if not peak or max_norm is None:
     return None
