@@ -204,6 +204,17 @@ def test_help_defaults_are_the_presets():
     assert f"{arm.name} {arm.description}" in text
 
 
+def test_lm_help_describes_every_arm_and_preset_with_its_numbers():
+  from stiefax.experiments.lm import command as lm_command
+  from stiefax.experiments.lm import config as lm_config
+
+  text = " ".join(lm_command.help_text().split())
+  for arm in lm_config.ARMS.values():
+    assert f"{arm.name} {arm.description}" in text
+  for name, c in lm_config.PRESETS.items():
+    assert f"{name} d={c.d_model}," in text and f"{c.steps} steps of {c.batch} x" in text
+
+
 @pytest.fixture
 def tiny_preset(monkeypatch):
   monkeypatch.setitem(
