@@ -134,7 +134,7 @@ def main():
   tx = stiefax.stiefel_adamw(
     args.lr,
     weight_decay=0.01,
-    stiefel=stiefax.riemannian_adam(1.0, frames=frames),  # one FrameSpec per leaf
+    frames=frames,  # one FrameSpec per leaf
     labels=labels,
   )
   opt_state = tx.init(params)

@@ -7,6 +7,7 @@ from typing import Callable
 from typing import NamedTuple
 from typing import Optional
 from typing import Union
+import warnings
 
 import chex
 import jax
@@ -398,6 +399,15 @@ def _frame_rate(
   return _rate_for(learning_rate, scale, peak_learning_rate)
 
 
+#: The one-line warning of a ready ``stiefel=`` next to a schedule ``learning_rate``.
+_READY_WITH_SCHEDULE = (
+  "stiefax.stiefel_adamw: stiefel= is a ready transform, so its frames will not follow"
+  " the learning_rate schedule (they keep the rate they were built with); pass the"
+  " factory and the frames' peak rate instead, e.g. stiefel=stiefax.manifold_muon,"
+  " stiefel_learning_rate=0.05, peak_learning_rate=<the schedule's peak>."
+)
+
+
 def stiefel_adamw(
   learning_rate: optax.ScalarOrSchedule,
   *,
@@ -439,8 +449,11 @@ def stiefel_adamw(
   ``optax.inject_hyperparams`` passes every rate), give ``peak_learning_rate``.
   The rule builds the frame transform: the default :func:`riemannian_adam`, or
   ``stiefel`` when it is a factory (called as ``stiefel(frame_rate, frames=...)``,
-  e.g. ``functools.partial(stiefax.riemannian_adam, eps=1e-3)``). A ready transform
-  given as ``stiefel`` keeps the rate it was built with.
+  e.g. ``functools.partial(stiefax.riemannian_adam, eps=1e-3)``, or
+  ``stiefax.manifold_muon`` with ``stiefel_learning_rate=0.05``; every frame rule of
+  stiefax is such a factory). A ready transform given as ``stiefel`` keeps the rate it
+  was built with; given next to a schedule ``learning_rate``, it draws a one-line
+  ``UserWarning`` saying that its frames will not follow the schedule.
 
   A frame parameter whose :class:`stiefax.FrameSpec` selects only part of it (the
   query/key slices of a fused ``qkv_einsum``, ``kv_einsum`` or ``c_attn`` weight)
@@ -475,8 +488,8 @@ def stiefel_adamw(
     eps: AdamW's epsilon.
     stiefel: the frame rule: ``None`` (``riemannian_adam(frame_rate,
       frames=frames)``), a factory called as ``stiefel(frame_rate, frames=frames)``,
-      or a ready ``optax.GradientTransformation``, which keeps its own rate and its
-      own frames: ``frames`` is not passed on to it, and ``init`` raises a ValueError
+      or a ready ``optax.GradientTransformation``, which keeps its own rate (a
+      ``UserWarning`` when ``learning_rate`` is a schedule) and its own frames: ``frames`` is not passed on to it, and ``init`` raises a ValueError
       where ``frames`` reads a frame parameter otherwise than ``frames=None`` does.
     labels: a tree of ``"stiefel"`` / ``"adamw"`` labels matching the params, a
       callable ``params -> labels``, or ``None`` (default: the query/key weights
@@ -522,8 +535,10 @@ def stiefel_adamw(
         "stiefax.stiefel_adamw: stiefel_learning_rate and peak_learning_rate set the"
         " rate of the frame transform that stiefel_adamw builds, but stiefel= is a"
         " ready transform with its own rate. Pass a factory instead, e.g."
-        " stiefel=functools.partial(stiefax.riemannian_adam, eps=1e-3)."
+        " stiefel=stiefax.manifold_muon, stiefel_learning_rate=0.05."
       )
+    if callable(learning_rate):
+      warnings.warn(_READY_WITH_SCHEDULE, UserWarning, stacklevel=2)
     if frames is not None:
       stiefel = _keeps_own_frames(stiefel, frames)
   else:

@@ -238,7 +238,8 @@ def manifold_muon(
   A frame whose gradient holds a NaN or an Inf keeps its point, momentum and
   multiplier, and is counted in ``skipped``. Weight decay is never formed (it is
   normal, Proposition 8). Compose with AdamW for the other parameters through
-  ``stiefax.stiefel_adamw(lr, stiefel=stiefax.manifold_muon(...))``.
+  ``stiefax.stiefel_adamw(lr, stiefel=stiefax.manifold_muon, stiefel_learning_rate=0.05)``,
+  which runs it at ``0.05 * lr(t) / peak_learning_rate`` for a schedule ``lr``.
 
   Example:
     >>> import jax, optax, stiefax

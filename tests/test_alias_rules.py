@@ -2,6 +2,7 @@
 frames are given once, and no mistake is silent (under jit included)."""
 
 import functools
+import warnings
 
 import chex
 from flax import nnx
@@ -119,6 +120,41 @@ def test_a_factory_follows_the_rule(rng):
   )
   u, _ = tx.update(grads, tx.init(params), params)
   assert bool(jnp.all(u["attn"]["query"]["kernel"] == 0))
+
+
+def test_the_documented_manifold_muon_follows_the_schedule(x64, rng):
+  """stiefel=stiefax.manifold_muon, stiefel_learning_rate=0.05: the frames run at
+  0.05 * lr(t) / peak, so a warm-up from 0 moves no frame at step 0."""
+  params = _model(rng, np.float64)
+  grads = [_grads(rng, params) for _ in range(3)]
+  sched = optax.linear_schedule(0.0, 1e-3, 2)
+  tx = stiefax.stiefel_adamw(
+    sched, stiefel=stiefax.manifold_muon, stiefel_learning_rate=0.05, peak_learning_rate=1e-3
+  )
+  want = stiefax.manifold_muon(optax.linear_schedule(0.0, 0.05, 2))
+  q = params["attn"]["query"]["kernel"]
+  state, wstate = tx.init(params), want.init(q)
+  for t, g in enumerate(grads):
+    u, state = tx.update(g, state, params)
+    uq, wstate = want.update(g["attn"]["query"]["kernel"], wstate, q)
+    assert (_norm(u["attn"]["query"]["kernel"]) == 0) == (t == 0)
+    np.testing.assert_allclose(u["attn"]["query"]["kernel"], uq, atol=1e-12)
+
+
+def test_a_ready_transform_next_to_a_schedule_warns_in_one_line():
+  sched = optax.warmup_constant_schedule(0.0, 1e-3, 5)
+  with pytest.warns(UserWarning, match="will not follow") as caught:
+    stiefax.stiefel_adamw(sched, stiefel=stiefax.manifold_muon(0.05))
+  (message,) = [str(w.message) for w in caught]
+  assert (
+    "\n" not in message and "stiefel=stiefax.manifold_muon, stiefel_learning_rate=0.05" in message
+  )
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    stiefax.stiefel_adamw(1e-3, stiefel=stiefax.manifold_muon(0.05))  # a constant rate
+    stiefax.stiefel_adamw(
+      sched, stiefel=stiefax.manifold_muon, stiefel_learning_rate=0.05, peak_learning_rate=1e-3
+    )
 
 
 # ---------------------------------------------------------------------------

@@ -4,6 +4,7 @@ A bad argument is one line on stderr (``stiefax <command>: error: ...``), exit s
 nothing trained or written.
 """
 
+import argparse
 import ast
 import os
 import pathlib
@@ -14,6 +15,7 @@ import pytest
 
 import stiefax
 from stiefax.experiments import cli
+from stiefax.experiments.grok import command as grok_command
 from stiefax.experiments.grok import config as grok_config
 from tests import harness
 
@@ -137,10 +139,19 @@ def test_the_command_line_imports_no_jax_flax_or_optax():
   )
 
 
+# The modules that ``stiefax <command> --help`` imports: they import JAX, Orbax and the
+# training code inside the functions that run a command (``run``, ``hyper``), so that the
+# help is printed without them (test_command_help_imports_no_jax).
+HELP_MODULES = ("grok/command.py", "grok/config.py")
+
+
 def test_experiment_modules_import_at_module_level():
-  """Every import of the experiments package is a statement of its module's body."""
+  """Every import of the experiments package is a statement of its module's body, but
+  for the heavy imports of the modules that a command's ``--help`` reads."""
   lazy = []
   for path in sorted((ROOT / "stiefax" / "experiments").rglob("*.py")):
+    if path.relative_to(ROOT / "stiefax" / "experiments").as_posix() in HELP_MODULES:
+      continue
     tree = ast.parse(path.read_text(encoding="utf-8"))
     top = set()
     for node in tree.body:  # a module-level ``try`` (an optional dependency) counts too
@@ -153,6 +164,55 @@ def test_experiment_modules_import_at_module_level():
       if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in top
     ]
   assert not lazy, lazy
+
+
+def test_command_help_imports_no_jax():
+  """``stiefax grok --help`` runs argparse before any JAX, Flax, Optax or Orbax import."""
+  code = (
+    "import sys\n"
+    "from stiefax.experiments import cli\n"
+    "try:\n"
+    "  cli.main(['grok', '--help'])\n"
+    "except SystemExit:\n"
+    "  pass\n"
+    "heavy = sorted(m for m in sys.modules if m.split('.')[0] in " + repr(HEAVY) + ")\n"
+    "print('HEAVY', heavy)\n"
+  )
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+  proc = subprocess.run(
+    [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+  )
+  assert "Modular-arithmetic grokking" in proc.stdout, proc.stderr
+  assert "HEAVY []" in proc.stdout, proc.stdout.splitlines()[-1]
+
+
+def test_help_defaults_are_the_presets():
+  """Every number ``stiefax grok --help`` gives for a preset is that preset's."""
+  parser = argparse.ArgumentParser()
+  grok_command.add_arguments(parser)
+  text = " ".join(parser.format_help().split())
+  for name, preset in grok_config.PRESETS.items():
+    c = preset["config"]
+    assert f"{name}: {c.epochs}" in text and f"{name}: {c.eval_every}" in text
+    assert f"{name}: {','.join(preset['arms'])}" in text
+  q = grok_config.PRESETS["quick"]["config"]
+  assert f"for {q.epochs} epochs (evaluation every {q.eval_every})" in text
+  assert f"mod {q.modulus} with" in text and f"weight decay {q.weight_decay}," in text
+  p = grok_config.PRESETS["paper"]["config"]
+  assert f"{p.epochs:,}".replace(",", " ") + " epochs, evaluation every" in text
+  for arm in grok_config.ARMS.values():
+    assert f"{arm.name} {arm.description}" in text
+
+
+def test_lm_help_describes_every_arm_and_preset_with_its_numbers():
+  from stiefax.experiments.lm import command as lm_command
+  from stiefax.experiments.lm import config as lm_config
+
+  text = " ".join(lm_command.help_text().split())
+  for arm in lm_config.ARMS.values():
+    assert f"{arm.name} {arm.description}" in text
+  for name, c in lm_config.PRESETS.items():
+    assert f"{name} d={c.d_model}," in text and f"{c.steps} steps of {c.batch} x" in text
 
 
 @pytest.fixture

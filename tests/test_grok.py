@@ -430,7 +430,7 @@ def test_budgets_get_their_own_files_and_reruns_skip_finished_runs(
   def no_training(*a, **k):
     raise AssertionError("a finished run was trained again")
 
-  monkeypatch.setattr(grok_command, "train_seeds", no_training)
+  monkeypatch.setattr(grok_training, "train_seeds", no_training)
   assert cli.main(base + ["--epochs", "20"]) == 0
   assert "finished already" in capsys.readouterr().out
   assert sorted(p.name for p in out.iterdir()) == files
@@ -588,7 +588,7 @@ def attention_runs(tmp_path_factory):
 
 def test_attention_arms_are_offered_and_recorded():
   for name in _ATTENTION_ARMS:
-    assert name in grok_config.ARMS and name in (grok_command.__doc__ or "")
+    assert name in grok_config.ARMS and name in grok_command.help_text()
     definition = grok_runs.arm_definition(grok_config.ARMS[name])
     assert definition["attention"] == grok_config.ARMS[name].attention != "plain"
   for name, arm in grok_config.ARMS.items():  # the plain arms' identities predate the field

@@ -9,6 +9,7 @@ import pytest
 
 from stiefax.experiments import cli
 from stiefax.experiments.grok import collapses
+from stiefax.experiments.grok import command as grok_command
 from stiefax.experiments.grok import config as grok_config
 from stiefax.experiments.grok import quick_seeds
 from stiefax.experiments.grok import runs as grok_runs
@@ -95,3 +96,14 @@ def test_the_quick_preset_prints_its_figures_over_seeds(monkeypatch):
   short = {"config": {**record["config"], "epochs": 300}}
   note = quick_seeds.seed_note([short])
   assert "A2: x" not in note and "for its 800 epochs" in note
+
+
+def test_the_run_ends_with_what_to_expect_and_a_table_that_splits(short_run):
+  text, record = short_run
+  lines = text.rstrip("\n").splitlines()
+  assert lines[-2:] == grok_command.EXPECTED.splitlines()
+  assert "expected null" in lines[-2] and "stiefax patches" in lines[-1]
+  table = grok_runs.summary_table([record, dict(record, arm="B2-cayley")]).splitlines()
+  head = table[0].split()
+  assert head[:5] == ["arm", "seed", "mem_epoch", "grok_epoch", "sust_epoch"]
+  assert all(len(row.split()) == len(head) for row in table[2:])

@@ -10,7 +10,8 @@ point, only catches it.
 optimizers themselves enforce; :func:`parse_arms` and :func:`parse_seeds` read
 ``--arms`` and ``--seeds`` of the commands that train arms over seeds (``stiefax
 grok``, ``stiefax lm``); :func:`floats`, :func:`ints` and :func:`knob` read lists of
-numbers and rates (``stiefax patches``).
+numbers and rates (``stiefax patches``); :func:`arm_lines` writes the arms a command
+offers into its ``--help`` from their registry descriptions.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ __all__ = [
   "floats",
   "ints",
   "knob",
+  "arm_lines",
 ]
 
 
@@ -49,6 +51,12 @@ class CommandError(Exception):
 
 #: Seeds are 32-bit: ``jax.random.key`` and NumPy take seeds in [0, SEED_LIMIT).
 SEED_LIMIT = 2**32
+
+
+def arm_lines(arms: Mapping[str, Arm], indent: str = "  ") -> str:
+  """One ``--help`` line per arm: its name, padded, then ``Arm.description``."""
+  width = max(len(name) for name in arms) + 2
+  return "\n".join(f"{indent}{name:<{width}}{arm.description}" for name, arm in arms.items())
 
 
 def check_seeds(seeds: Sequence[int], flag: str) -> list[int]:

@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 from typing import Optional
 from typing import Union
+import warnings
 
 import jax
 import optax
@@ -115,15 +116,19 @@ def _make_optimizer(arm: Arm, h: Hyper) -> optax.GradientTransformation:
       weight_decay=h.weight_decay,
       mask=decay_mask,
     )
-  return stiefax.stiefel_adamw(
-    h.adamw_lr,
-    weight_decay=h.weight_decay,
-    b1=h.b1,
-    b2=h.b2,
-    eps=h.adamw_eps,
-    stiefel=frame_rule(arm, h),
-    **({} if h.frames is None else {"frames": h.frames}),
-  )
+  with warnings.catch_warnings():
+    # The frame rule carries its own schedule (Hyper.frame_lr), shaped as adamw_lr.
+    warnings.filterwarnings("ignore", "stiefax.stiefel_adamw: stiefel= is a ready transform")
+    return stiefax.stiefel_adamw(
+      h.adamw_lr,
+      weight_decay=h.weight_decay,
+      b1=h.b1,
+      b2=h.b2,
+      eps=h.adamw_eps,
+      stiefel=frame_rule(arm, h),
+      **({} if h.frames is None else {"frames": h.frames}),
+    )
+
 
 
 # ----------------------------------------------------------------------------------

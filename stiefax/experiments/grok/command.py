@@ -3,46 +3,31 @@
 The model and task are the paper's: the sequence (a, b, =) with a one-hot 98 x 128
 token embedding plus learned positions, a 2-layer, 4-head, d=128, r=32 pre-LN encoder
 (FFN 4x with ReLU, no causal mask, a final LayerNorm), readout
-concat(3 x 128) -> 128 -> ReLU -> 97; 40% of the 97^2 pairs (3 764) train as one full
-batch, the other 5 645 are held out. AdamW lr 1e-3, weight decay 1.0 on matrices,
-b2 0.999, no warm-up; the Riemannian rate is 1.0 (constant), tau 0.1, eps 1e-3.
+concat(3 x 128) -> 128 -> ReLU -> 97; {paper_fraction} pairs (3 764) train as one full
+batch, the other 5 645 are held out. AdamW lr {paper_lr}, weight decay {paper_wd} on matrices,
+b2 {paper_b2}, no warm-up; the Riemannian rate is {paper_rlr} (constant), tau {paper_tau}, eps {paper_eps}.
 
 Arms (they differ only in how W_Q, W_K are treated, except where noted):
-  A2       AdamW everywhere, decay on every matrix including W_Q, W_K
-  B2       Riemannian Adam on W_Q, W_K (stiefel_adamw + riemannian_adam(1.0, eps=1e-3))
-  B2m      tangent projection + elementwise Adam at the AdamW rate, no step cap
-  B2m-can  as B2m with the canonical-metric gradient
-  B2-frz   W_Q, W_K frozen at their orthonormal initialization
-  A2-nwf   A2 without decay on W_Q, W_K (plain Adam there, no constraint)
-  B2-hi    B2 with circuit weight decay 2.0
-  B2-sn    B2 with every circuit matrix initialized at 0.1x its default scale
-  B2-comb  B2-hi and B2-sn together
-  B2-mmuon manifold Muon on W_Q, W_K (stiefax.manifold_muon, rate 0.05)
-  A2-muon  optax.contrib.muon on W_Q, W_K (rate 0.02, decayed), unconstrained
-  B2-qr    B2 with the sign-fixed QR retraction
-  B2-cayley B2 with the Cayley retraction
-  A2-qknorm A2 with QK-norm: LayerNorm (no bias, learned scale) on each head's q and k
-  A2-sigma A2 with sigmaReparam W_Q, W_K: (gamma / sigma(W)) W, one power step a step
-  B2-qknorm B2 with the same QK-norm
+{arms}
 Stiefel arms start from the polar factor of the default W_Q, W_K initialization;
 every other parameter, and the train/held-out split, are shared by all arms of a seed.
-The last three are named explicitly (no preset runs them). Every evaluation also
+The presets run {quick_arms}; every other arm is named with --arms. Every evaluation also
 records the attention probe on the training batch: the largest logit |q.k| / sqrt(r)
 (max_logit) and the mean attention entropy (attn_entropy).
 
 Presets:
-  quick (default)  A2,B2 at seed 0: the paper's model family (2-layer, 4-head, d=128,
+  quick (default)  {quick_arms} at seed {quick_seeds}: the paper's model family (2-layer, 4-head, d=128,
                    r=32 pre-LN encoder, same readout, same optimizers) on a smaller
-                   task, c = (a + b) mod 23 with 70% of the 529 pairs training, in the
-                   Power et al. setting (b2 0.98, 10-step warm-up) with weight decay
-                   5.0, for 800 epochs (evaluation every 50). Over seeds 0-4 at 1
+                   task, c = (a + b) mod {quick_modulus} with {quick_fraction} pairs training, in the
+                   Power et al. setting (b2 {quick_b2}, {quick_warmup}-step warm-up) with weight decay
+                   {quick_wd}, for {quick_epochs} epochs (evaluation every {quick_eval}). Over seeds 0-4 at 1
                    and 2 XLA CPU threads, every run memorizes by epoch 50, A2 groks
                    (held-out >= 0.95) in 5/5 seeds, B2 in 2/5 and 0/5, every run has
                    training-loss collapses, and the isometry contrast shows (A2 far
                    above 1e-2, B2 at float32 rounding); one run's digits vary with the
                    seed and the machine (README; benchmarks/grok_quick.py).
-  paper            the exact configuration: 20 000 epochs, evaluation every 100
-                   (about 2 hours per arm on an idle 2-core CPU).
+  paper            {paper_arms} at seed {paper_seeds}, the exact configuration: {paper_epochs} epochs,
+                   evaluation every {paper_eval} (about 2 hours per arm on an idle 2-core CPU).
 --stabilize runs the Power et al. setting (b2 0.98 and a 10-step linear warm-up, for
 the AdamW and the Riemannian rate alike).
 
@@ -81,9 +66,6 @@ from typing import Optional
 from stiefax.experiments import flags
 from stiefax.experiments import jobs
 from stiefax.experiments import store
-from stiefax.experiments.checkpoints import Checkpoints
-from stiefax.experiments.checkpoints import DamagedCheckpoint
-from stiefax.experiments.checkpoints import set_aside
 from stiefax.experiments.flags import CommandError
 from stiefax.experiments.flags import os_error
 from stiefax.experiments.flags import writable_dir
@@ -98,13 +80,60 @@ from stiefax.experiments.grok.runs import run_file_name
 from stiefax.experiments.grok.runs import run_identity
 from stiefax.experiments.grok.runs import summary_table
 from stiefax.experiments.grok.runs import summary_words
-from stiefax.experiments.grok.training import train_seeds
 
-__all__ = ["add_arguments", "resolve_config", "checkpoint_interval", "run"]
+__all__ = ["EXPECTED", "help_text", "add_arguments", "resolve_config", "checkpoint_interval", "run"]
+
+
+#: The last lines of every ``stiefax grok``: what the task is expected to show, and
+#: where the constraint wins (README, docs/reproduction.md).
+EXPECTED = (
+  "What to expect: AdamW (A2) grokking while B2 does not is the paper's expected null on"
+  " this task (sections 4.3-4.4), not a broken run: grokking here does not come from the"
+  " constraint.\n"
+  "Where the constraint wins: image patches, where B2 beats AdamW by 5.4 to 8.4 pp on"
+  " CIFAR-10 in every setting and seed measured (docs/reproduction.md); run"
+  " `stiefax patches` (embedded digits data, minutes) or"
+  " `stiefax patches --data cifar-10-python.tar.gz`."
+)
+
+
+def _number(x: float) -> str:
+  """``x`` as the help writes it: ``1e-3`` below 0.01, else ``0.05``, ``1.0``."""
+  return f"{x:.0e}".replace("e-0", "e-") if 0 < abs(x) < 0.01 else f"{x}"
+
+
+def help_text() -> str:
+  """The ``--help`` text: this module's docstring with the arms' registry descriptions
+  and the presets' own numbers filled in."""
+  quick, paper = PRESETS["quick"], PRESETS["paper"]
+  q, p = quick["config"], paper["config"]
+  return (__doc__ or "").format(
+    arms=flags.arm_lines(ARMS),
+    quick_arms=",".join(quick["arms"]),
+    quick_seeds=",".join(map(str, quick["seeds"])),
+    quick_modulus=q.modulus,
+    quick_fraction=f"{q.train_fraction:.0%} of the {q.modulus**2}",
+    quick_b2=q.b2,
+    quick_warmup=q.warmup,
+    quick_wd=q.weight_decay,
+    quick_epochs=q.epochs,
+    quick_eval=q.eval_every,
+    paper_arms=",".join(paper["arms"]),
+    paper_fraction=f"{p.train_fraction:.0%} of the {p.modulus}^2",
+    paper_lr=_number(p.learning_rate),
+    paper_wd=p.weight_decay,
+    paper_b2=p.b2,
+    paper_rlr=p.riemannian_lr,
+    paper_tau=p.tau,
+    paper_eps=_number(p.riemannian_eps),
+    paper_seeds=",".join(map(str, paper["seeds"])),
+    paper_epochs=f"{p.epochs:,}".replace(",", " "),
+    paper_eval=p.eval_every,
+  )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-  parser.description = __doc__
+  parser.description = help_text()
   parser.formatter_class = argparse.RawDescriptionHelpFormatter
   parser.add_argument(
     "--preset",
@@ -112,20 +141,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     default="quick",
     help="configuration preset (default: quick)",
   )
+
+  def per_preset(read: Any) -> str:
+    return ", ".join(f"{name}: {read(preset)}" for name, preset in PRESETS.items())
+
   parser.add_argument(
-    "--arms", default=None, help=f"comma-separated arms from {','.join(ARMS)} (default: A2,B2)"
+    "--arms",
+    default=None,
+    help=f"comma-separated arms from {','.join(ARMS)} (default:"
+    f" {per_preset(lambda p: ','.join(p['arms']))})",
   )
   parser.add_argument(
-    "--seeds", default=None, help="comma-separated non-negative integer seeds (default: 0)"
+    "--seeds",
+    default=None,
+    help="comma-separated non-negative integer seeds (default:"
+    f" {per_preset(lambda p: ','.join(map(str, p['seeds'])))})",
   )
   parser.add_argument(
-    "--epochs", type=int, default=None, help="full-batch epochs (quick: 200, paper: 20000)"
+    "--epochs",
+    type=int,
+    default=None,
+    help=f"full-batch epochs ({per_preset(lambda p: p['config'].epochs)})",
   )
   parser.add_argument(
     "--eval-every",
     type=int,
     default=None,
-    help="epochs between evaluations (quick: 20, paper: 100)",
+    help=f"epochs between evaluations ({per_preset(lambda p: p['config'].eval_every)})",
   )
   parser.add_argument(
     "--out", default="runs/grok", help="directory for one JSON file per run (default: runs/grok)"
@@ -214,11 +256,13 @@ class _Job(jobs.Job):
 
 def _checkpoint_epoch(job: _Job) -> Optional[int]:
   """The epoch of ``job``'s checkpoint (None: none, or damaged and moved aside)."""
-  ckpt = Checkpoints(job.ckpt_path)
+  from stiefax.experiments import checkpoints  # jax and orbax: after --help
+
+  ckpt = checkpoints.Checkpoints(job.ckpt_path)
   try:
     return ckpt.latest_epoch()
-  except DamagedCheckpoint as e:
-    set_aside(ckpt, e, "stiefax grok")
+  except checkpoints.DamagedCheckpoint as e:
+    checkpoints.set_aside(ckpt, e, "stiefax grok")
     return None
   finally:
     ckpt.close()
@@ -226,8 +270,10 @@ def _checkpoint_epoch(job: _Job) -> Optional[int]:
 
 def _remove_checkpoint(job: _Job) -> None:
   """Removes a finished run's checkpoint folder; a link there is left, with a warning."""
+  from stiefax.experiments import checkpoints  # jax and orbax: after --help
+
   try:
-    Checkpoints(job.ckpt_path).remove()
+    checkpoints.Checkpoints(job.ckpt_path).remove()
   except OSError as e:
     print(f"stiefax grok: warning: {os_error(e)}", file=sys.stderr, flush=True)
 
@@ -240,6 +286,12 @@ def run(args: argparse.Namespace) -> int:
   its checkpoint (``<run>.ckpt``) if there is one, and written atomically
   (:mod:`stiefax.experiments.store`). A job another process holds is waited for.
   """
+  # JAX and Orbax are imported here, so that ``stiefax grok --help`` imports neither.
+  from stiefax.experiments.checkpoints import Checkpoints
+  from stiefax.experiments.checkpoints import DamagedCheckpoint
+  from stiefax.experiments.checkpoints import set_aside
+  from stiefax.experiments.grok import training
+
   config, arms, seeds = resolve_config(args)
   out = writable_dir(args.out, "--out")
   setting = (
@@ -307,7 +359,7 @@ def run(args: argparse.Namespace) -> int:
     """Trains ``batch`` (jobs of one arm, checkpointed at the same epoch), writes them."""
     checkpoints = [Checkpoints(job.ckpt_path) for job in batch]
     try:
-      results = train_seeds(
+      results = training.train_seeds(
         config,
         batch[0].arm,
         [job.seed for job in batch],
@@ -365,4 +417,5 @@ def run(args: argparse.Namespace) -> int:
   print(summary_words(ordered))
   print(seed_note(ordered))
   print(f"{len(ordered)} run(s) in {out}; tables and plots: stiefax report {out}")
+  print(EXPECTED)
   return 0

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 from typing import Any
 from typing import Optional
 from typing import Sequence
 
 import numpy as np
-import optax
 
 from stiefax.experiments import arms
-from stiefax.experiments import optim
 from stiefax.experiments.arms import Arm
+
+if TYPE_CHECKING:
+  from stiefax.experiments import optim
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,6 +184,10 @@ def hyper(arm: Arm, config: GrokConfig) -> optim.Hyper:
   Riemannian Adam arms at ``riemannian_lr`` (eps ``riemannian_eps``, cap ``tau``), of
   the Muon arms at the arm's rate, of B2m and A2-nwf at the AdamW rate.
   """
+  # Optax and the optimizer factory (JAX) are imported here, not by `stiefax grok --help`.
+  import optax
+
+  from stiefax.experiments import optim
 
   def rate(value: float) -> optax.ScalarOrSchedule:
     if config.warmup > 0 and value > 0:

@@ -101,24 +101,25 @@ def _fmt_epoch(e: Optional[int]) -> str:
 def summary_table(records: Sequence[dict]) -> str:
   """One line per run: the epochs of the first crossings, accuracies, isometry, time.
 
-  ``mem epoch``, ``grok epoch``: first evaluation with train accuracy >= 0.99 and
-  held-out accuracy >= 0.95; ``sust epoch``: first of ``sustain_k`` such evaluations in
-  a row (``-``: not within the budget).
+  ``mem_epoch``, ``grok_epoch``: first evaluation with train accuracy >= 0.99 and
+  held-out accuracy >= 0.95; ``sust_epoch``: first of ``sustain_k`` such evaluations in
+  a row (``-``: not within the budget). Every header is one token and the columns are
+  two spaces apart, so a line splits on whitespace into its columns.
   """
   head = (
-    f"{'arm':<8} {'seed':>4} {'mem epoch':>9} {'grok epoch':>10} {'sust epoch':>10}"
-    f" {'end held-out':>12} {'tail held-out':>13} {'iso init':>9} {'iso final':>9}"
-    f" {'iso max':>9} {'wall s':>7}"
+    f"{'arm':<9}  {'seed':>4}  {'mem_epoch':>9}  {'grok_epoch':>10}  {'sust_epoch':>10}"
+    f"  {'end_heldout':>11}  {'tail_heldout':>12}  {'iso_init':>8}  {'iso_final':>9}"
+    f"  {'iso_max':>8}  {'wall_s':>6}"
   )
   lines = [head, "-" * len(head)]
   for r in records:
     m = r["metrics"]
     lines.append(
-      f"{r['arm']:<8} {r['seed']:>4} {_fmt_epoch(m['memorized_epoch']):>9}"
-      f" {_fmt_epoch(m['grokked_epoch']):>10} {_fmt_epoch(m['sustained_epoch']):>10}"
-      f" {m['end_test_acc']:>12.4f} {m['tail_test_acc']:>13.4f}"
-      f" {m['initial_isometry']:>9.2e} {m['final_isometry']:>9.2e}"
-      f" {m['max_isometry']:>9.2e} {r['wall_time']:>7.1f}"
+      f"{r['arm']:<9}  {r['seed']:>4}  {_fmt_epoch(m['memorized_epoch']):>9}"
+      f"  {_fmt_epoch(m['grokked_epoch']):>10}  {_fmt_epoch(m['sustained_epoch']):>10}"
+      f"  {m['end_test_acc']:>11.4f}  {m['tail_test_acc']:>12.4f}"
+      f"  {m['initial_isometry']:>8.2e}  {m['final_isometry']:>9.2e}"
+      f"  {m['max_isometry']:>8.2e}  {r['wall_time']:>6.1f}"
     )
   return "\n".join(lines)
 

@@ -1,6 +1,6 @@
 """A decoder-only language model on real text: does the constraint help an LM?
 
-``stiefax lm [--preset quick|sweep] [--arms ...] [--lr RATES|best] [--seeds ...]``
+``stiefax lm [--preset quick|sweep|large] [--arms ...] [--lr RATES|best] [--seeds ...]``
 
 The text is the Python standard library's own ``*.py`` sources, read as bytes from the
 running interpreter (nothing is downloaded): about 4.7 MB, split by file into
@@ -15,24 +15,15 @@ stiefax finds by name.
 
 Arms (the one registry; every other parameter trains with AdamW, weight decay 0.1 on
 matrices, b1 0.9, b2 0.95, linear warm-up over the first 10% of steps, then cosine to
-0, the same schedule on the Riemannian rate):
+0, the same schedule on the Riemannian rate; the last four are study 2's, docs/lm.md):
 
-  A2         AdamW on W_Q, W_K too (fan-in normal init)
-  A2-qknorm  A2 with QK-norm: LayerNorm (no bias, learned scale) on each head's q, k
-  A2-sigma   A2 with sigmaReparam W_Q, W_K: (gamma / sigma(W)) W, one power step a step
-  frozen     W_Q, W_K orthonormal (polar factor of the init) and never trained
-  B2         riemannian_adam(1.0, max_norm=0.1) on W_Q, W_K (the paper's corrected rule)
-  B2-qr      B2 with the QR retraction
-  B2-qknorm  B2 with the QK-norm of A2-qknorm
+{arms}
 
-Presets:
-  quick (default)  d=64, 2 layers, 4 query / 2 key-value heads of r=16, 600 steps of
-                   16 x 128 bytes at AdamW rate 3e-3, arms A2, A2-qknorm, B2, seed 0:
-                   a few minutes on a 2-core CPU; prints a summary (loss per arm, the
-                   largest attention logit, isometry error) and plain words.
-  sweep            the study of docs/lm.md: d=128, 2 layers, 8 / 4 heads of r=16,
-                   1 000 steps; ``studies/lm.sh`` runs the learning-rate sweep and the
-                   best-rate comparison (``--lr best``).
+Presets (the numbers are each preset's own; quick runs {quick_arms} at seed 0, a few
+minutes on a 2-core CPU, and prints a summary and plain words; sweep is study 1 of
+docs/lm.md, ``studies/lm.sh`` runs it; large is study 2's larger model):
+
+{presets}
 
 Each run is one JSON in --out, named by its arm, rate and a hash of its whole
 configuration; finished runs are skipped, unfinished ones resume from their
@@ -78,7 +69,7 @@ from stiefax.experiments.lm.config import SWEEP_RATES
 from stiefax.experiments.lm.config import LMConfig
 from stiefax.experiments.report import load_runs
 
-__all__ = ["add_arguments", "resolve_config", "best_rate", "best_cell", "Job", "run"]
+__all__ = ["help_text", "add_arguments", "resolve_config", "best_rate", "best_cell", "Job", "run"]
 
 #: Arms and rate of ``stiefax lm`` with no arguments (the quick preset).
 QUICK_ARMS = ("A2", "A2-qknorm", "B2")
@@ -89,9 +80,23 @@ QUICK_ARMS = ("A2", "A2-qknorm", "B2")
 STUDY2_ARMS = ("best-stiefel", "best-stiefel-partner")
 
 
+def help_text() -> str:
+  """The ``--help`` text: this docstring with the registry's arms and the presets' numbers."""
+  presets = "\n".join(
+    f"  {name:<7}d={c.d_model}, {c.depth} layers, {c.heads} query / {c.kv_heads} key-value"
+    f" heads of r={c.head_dim}, {c.steps} steps of {c.batch} x {c.seq} bytes\n"
+    f"{'':9}(warm-up {c.warmup_steps}, evaluation every {c.eval_every}), AdamW rate"
+    f" {c.adamw_lr:g}, frame rate {c.frame_lr:g}"
+    for name, c in PRESETS.items()
+  )
+  return (__doc__ or "").format(
+    arms=flags.arm_lines(ARMS), presets=presets, quick_arms=",".join(QUICK_ARMS)
+  )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
   fair_arms = " or ".join(STUDY2_ARMS)
-  parser.description = __doc__
+  parser.description = help_text()
   parser.formatter_class = argparse.RawDescriptionHelpFormatter
   parser.add_argument(
     "--preset", choices=sorted(PRESETS), default="quick", help="model and budget (default quick)"
