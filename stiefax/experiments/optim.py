@@ -130,7 +130,6 @@ def _make_optimizer(arm: Arm, h: Hyper) -> optax.GradientTransformation:
     )
 
 
-
 # ----------------------------------------------------------------------------------
 # Matrix rules (``Arm.matrices``): the hidden matrices of ``stiefax lm``.
 # ----------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ import math
 import pathlib
 import sys
 import time
+from typing import Any
 from typing import Optional
 
 import jax
@@ -60,6 +61,7 @@ from stiefax.experiments.flags import CommandError
 from stiefax.experiments.flags import writable_dir
 from stiefax.experiments.lm import data as data_lib
 from stiefax.experiments.lm import fair
+from stiefax.experiments.lm import norms
 from stiefax.experiments.lm import runs as runs_lib
 from stiefax.experiments.lm import tables
 from stiefax.experiments.lm import training
@@ -112,7 +114,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
     "--lr",
     default=None,
-    help="AdamW peak rate(s), comma-separated, or 'best': each arm's rate of the sweep"
+    help="AdamW peak rate(s), comma-separated, or 'bracket': each arm's grid of study 3"
+    " (docs/lm.md: its swept rate from its start, extended x3 past an edge best at seeds"
+    " 0-1 until the best is interior), or 'best': each arm's rate of the sweep"
     " (3e-4 to 3e-1, x3 apart) with the lowest mean validation loss among the finished"
     " runs in --out, or 'around': each arm's best cell of study 2 in --cells-from and"
     " the AdamW rates x3 either side of it, its frame rate kept (default: the preset's"
@@ -134,12 +138,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   )
   parser.add_argument(
     "--select-from",
-    choices=("sweep", "fair", "around"),
+    choices=("sweep", "fair", "around", "norms"),
     default="sweep",
     help="the cells 'best' chooses among: sweep, study 1's seven AdamW rates (3e-4 to"
     " 3e-1) at the given frame rate; fair, study 2's grid of docs/lm.md, where B2's best"
     " cell also fixes its frame rate; around, the cells of --lr around, by seed 0"
-    " (default sweep)",
+    "; norms, study 3's bracketed grid of docs/lm.md (default sweep)",
   )
   parser.add_argument(
     "--cells-from",
@@ -228,6 +232,76 @@ def around_cells(src: pathlib.Path, arm: str, facts: dict) -> list[tuple[float, 
   return fair.around(small)
 
 
+def _norms_runs(
+  out: pathlib.Path, arm: str, config: LMConfig, facts: dict, preset: str
+) -> list[dict]:
+  """``arm``'s finished runs of study 3's setting in ``out``: the preset's
+  configuration, its settings other than the swept rate those of :func:`norms.fixed`."""
+  keep = norms.fixed(arm, config.matrix_lr)
+  mine = _setting_runs(out, arm, config, facts, preset)
+  return [r for r in mine if all(r["config"].get(k, v) == v for k, v in keep.items())]
+
+
+def norms_begin(
+  arm: str, preset: str, out: pathlib.Path, src: pathlib.Path, facts: dict
+) -> tuple[float, ...]:
+  """Where ``arm``'s grid of study 3 starts on ``preset`` (the larger model: around the
+  small model's best in ``src``). Raises CommandError while that best is not final."""
+  if preset != norms.LARGE_PRESET:
+    return norms.start(arm, preset)
+  small = PRESETS[norms.SMALL_PRESET]
+  found = norms.best(_norms_runs(src, arm, small, facts, norms.SMALL_PRESET), norms.start(arm, ""))
+  if found is None:
+    raise CommandError(f"--lr bracket: {arm}'s small-model grid in {src} is not final yet.")
+  return norms.start(arm, preset, found[0])
+
+
+def norms_cells(
+  arm: str,
+  config: LMConfig,
+  preset: str,
+  out: pathlib.Path,
+  src: pathlib.Path,
+  facts: dict,
+  best: bool,
+) -> list[LMConfig]:
+  """The configurations of ``arm``'s cells of study 3: its bracketed grid as far as the
+  runs in ``out`` decide it, or (``best``) its best cell once the grid is final."""
+  try:
+    field = norms.swept(arm)
+  except ValueError as e:
+    raise CommandError(f"--lr {'best' if best else 'bracket'}: {e}.") from None
+  begin = norms_begin(arm, preset, out, src, facts)
+  runs = _norms_runs(out, arm, config, facts, preset)
+  if best:
+    found = norms.best(runs, begin)
+    if found is None:
+      raise CommandError(f"--lr best --select-from norms: {arm}'s grid in {out} is not final yet.")
+    rates = [found[0]]
+  else:
+    rates = norms.bracket(runs, begin)[0]
+  keep: dict[str, Any] = norms.fixed(arm, config.matrix_lr)
+  return [dataclasses.replace(config, **{**keep, field: x}) for x in rates]
+
+
+def norms_large_arms(src: pathlib.Path, facts: dict) -> list[str]:
+  """Study 3's arms for the larger model: A2, A2-qknorm and every arm whose best cell
+  on the small model (mean validation loss, seeds 0-1) is within 0.01 bits per byte of
+  the best arm's. Raises CommandError while a small-model grid is not final."""
+  small = PRESETS[norms.SMALL_PRESET]
+  scores = {}
+  for arm in norms.ARMS:
+    runs = _norms_runs(src, arm, small, facts, norms.SMALL_PRESET)
+    found = norms.best(runs, norms.start(arm, norms.SMALL_PRESET))
+    if found is None:
+      raise CommandError(f"--arms norms-large: {arm}'s small-model grid in {src} is not final.")
+    at = [r for r in runs if norms.cell_of(r) == found[0] and r["seed"] in norms.SELECTION_SEEDS]
+    scores[arm] = sum(runs_lib.loss_of(r) for r in at) / len(at)
+  top = min(scores.values())
+  near = [a for a in norms.ARMS if scores[a] <= top + 0.01]
+  return list(dict.fromkeys(["A2", "A2-qknorm", *near]))
+
+
 def _own_frame_rate(arm: str) -> bool:
   """Whether ``--frame-lr`` reaches ``arm``: a frame rule of its own, not frozen."""
   return ARMS[arm].apart and ARMS[arm].rate != 0.0
@@ -240,7 +314,7 @@ def _setting_runs(
   for the AdamW and frame rates."""
   groups, _ = load_runs(out) if out.is_dir() else ({}, [])
   ref = runs_lib.run_config(ARMS[arm], config, facts, preset)
-  same = lambda c: {k: v for k, v in c.items() if k not in ("adamw_lr", "frame_lr")}
+  same = lambda c: {k: v for k, v in c.items() if k not in ("adamw_lr", "frame_lr", "matrix_lr")}
   return [r for r in groups.get("lm", []) if r["arm"] == arm and same(r["config"]) == same(ref)]
 
 
@@ -356,6 +430,10 @@ def run(args: argparse.Namespace) -> int:
   src = out if args.cells_from is None else pathlib.Path(args.cells_from)
   if args.cells_from is not None and not src.is_dir():
     raise CommandError(f"--cells-from {args.cells_from}: not a directory.")
+  if args.arms and args.arms.strip() == "norms-large":
+    names = norms_large_arms(src, facts)
+    print(f"  --arms norms-large: {','.join(names)} (study 3's small-model runs in {src})")
+    args = argparse.Namespace(**{**vars(args), "arms": ",".join(names)})
   if args.arms and any(a.strip() in STUDY2_ARMS for a in args.arms.split(",")):
     names = [a.strip() for a in args.arms.split(",")]
     names = [study2_arm(a, src, facts) if a in STUDY2_ARMS else a for a in names]
@@ -373,6 +451,17 @@ def run(args: argparse.Namespace) -> int:
   for arm in arm_names:
     arm_frames = frame_rates if _own_frame_rate(arm) else [config.frame_lr]
     todo_cells: list[tuple[float, float]] = []
+    bracketed = args.lr is not None and args.lr.strip().lower() == "bracket"
+    if bracketed or (_is_best(args.lr) and args.select_from == "norms"):
+      grid = norms_cells(arm, config, args.preset, out, src, facts, best=not bracketed)
+      shown = ", ".join(f"{getattr(c, norms.swept(arm)):g}" for c in grid)
+      what = "grid so far" if bracketed else "best cell"
+      print(f"  {arm}: {norms.swept(arm)} {shown} (study 3's {what} in {out})", flush=True)
+      for c in grid:
+        cfg = runs_lib.run_config(ARMS[arm], c, facts, args.preset)
+        for seed in seeds:
+          todo.append(Job(arm, seed, out / runs_lib.run_name(arm, cfg, seed), config=c, cfg=cfg))
+      continue
     if args.lr is None:
       todo_cells = [(config.adamw_lr, f) for f in arm_frames]
     elif _is_around(args.lr):
