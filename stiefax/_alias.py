@@ -11,6 +11,7 @@ import warnings
 
 import chex
 import jax
+import jax.numpy as jnp
 import optax
 
 from stiefax import _checks
@@ -570,7 +571,7 @@ def stiefel_adamw(
       b2=b2,
       eps=eps,
       weight_decay=weight_decay,
-      mask=decay_mask if mask is None else mask,
+      mask=decay_mask if mask is None else _checked_mask(mask),
       nesterov=nesterov,
     )
 
@@ -582,6 +583,14 @@ def stiefel_adamw(
     checked_labels(labels, "stiefel_adamw"),
   )
 
+  def init_fn(params: optax.Params) -> optax.OptState:
+    if not jax.tree.leaves(params):
+      raise ValueError(
+        "stiefax.stiefel_adamw: init was given no parameters (an empty tree); pass the"
+        " model's parameters, with its query/key frames."
+      )
+    return inner.init(params)
+
   def update_fn(
     updates: optax.Updates,
     state: optax.OptState,
@@ -590,6 +599,42 @@ def stiefel_adamw(
   ) -> tuple[optax.Updates, optax.OptState]:
     if params is not None:
       _checks.check_shapes("stiefel_adamw", updates, params)
-    return inner.update(updates, state, params, **extra_args)
+    updates, state = inner.update(updates, state, params, **extra_args)
+    if params is not None:  # integer and other non-float parameters are left unchanged
+      updates = jax.tree.map(_zero_unless_float, updates, params, is_leaf=_is_none)
+    return updates, state
 
-  return optax.GradientTransformationExtraArgs(inner.init, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _is_none(x: Any) -> bool:
+  return x is None
+
+
+def _zero_unless_float(update: Any, param: Any) -> Any:
+  """``update``, or zeros where ``param`` is not a float (a step counter, a mask)."""
+  if update is None or jnp.issubdtype(jnp.result_type(param), jnp.inexact):
+    return update
+  return jnp.zeros(jnp.shape(update), jnp.result_type(param))
+
+
+def _checked_mask(mask: Any) -> Any:
+  """``mask`` of :func:`stiefel_adamw`; a callable one is checked when called: a tree
+  that is not a prefix of the params AdamW is given is a ValueError naming ``mask``."""
+  if not callable(mask):
+    return mask
+
+  def checked(params: optax.Params) -> Any:
+    tree = mask(params)
+    try:
+      jax.tree.map(lambda _m, _p: None, tree, params)
+    except (ValueError, TypeError):
+      raise ValueError(
+        "stiefax.stiefel_adamw: mask= returned a tree of structure"
+        f" {jax.tree.structure(tree)}, but it must have the structure of the params it"
+        f" is given, {jax.tree.structure(params)} (frames appear as empty MaskedNode"
+        " entries; e.g. mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p))."
+      ) from None
+    return tree
+
+  return checked

@@ -62,19 +62,28 @@ def check_shapes(name: str, updates: Any, params: Any) -> None:
       )
 
 
+#: The largest rate, step cap or radius taken: a step's squared Frobenius norm must be
+#: a float32 number (below ``3.4e38``, so the norm below ``1.8e19``), and an Adam
+#: direction of a frame has a norm up to ``sqrt(d r)`` (``1e3`` and beyond for large
+#: frames). A rate above this would overflow and skip, or not move, every step.
+STEP_CEILING = 1e15
+
 # The allowed range of each scalar hyperparameter: (its words, its test). A test uses
 # only comparisons joined by ``&``, so it serves Python numbers and traced arrays alike.
 _RANGES: dict[str, tuple[str, Callable[[Any], Any]]] = {
-  "learning_rate": ("finite and >= 0", lambda v: v >= 0),
+  "learning_rate": (
+    "finite, >= 0 and <= 1e15 (a larger step overflows float32)",
+    lambda v: (v >= 0) & (v <= STEP_CEILING),
+  ),
   "b1": ("in [0, 1)", lambda v: (v >= 0) & (v < 1)),
   "b2": ("in [0, 1)", lambda v: (v >= 0) & (v < 1)),
   "beta": ("in [0, 1)", lambda v: (v >= 0) & (v < 1)),
   "eps": ("finite and >= 0", lambda v: v >= 0),
   "weight_decay": ("finite and >= 0", lambda v: v >= 0),
-  "max_norm": ("finite and > 0, or None", lambda v: v > 0),
-  "step_bound": ("finite and > 0, or None", lambda v: v > 0),
+  "max_norm": ("finite, > 0 and <= 1e15, or None", lambda v: (v > 0) & (v <= STEP_CEILING)),
+  "step_bound": ("finite, > 0 and <= 1e15, or None", lambda v: (v > 0) & (v <= STEP_CEILING)),
   "init_tol": ("finite and >= 0, or None", lambda v: v >= 0),
-  "radius": ("finite and > 0, or None", lambda v: v > 0),
+  "radius": ("finite, > 0 and <= 1e15, or None", lambda v: (v > 0) & (v <= STEP_CEILING)),
   "iterations": ("an int >= 1", lambda v: v >= 1),
   "ns_iterations": ("an int >= 1", lambda v: v >= 1),
 }

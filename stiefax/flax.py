@@ -15,6 +15,7 @@ The three-line drop-in (linen params or ``nnx.Optimizer(model, tx, wrt=nnx.Param
 
 from __future__ import annotations
 
+import math
 from typing import Any
 from typing import Callable
 from typing import Optional
@@ -256,6 +257,7 @@ class QKNorm(linen.Module):
 
   @linen.compact
   def __call__(self, q: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
+    _check_epsilon("QKNorm", self.epsilon)
     _check_head_sizes(q, k)
     kw = dict(epsilon=self.epsilon, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype)
     return linen.LayerNorm(**kw, name="query_ln")(q), linen.LayerNorm(**kw, name="key_ln")(k)
@@ -299,18 +301,44 @@ class NnxQKNorm(nnx.Module):
     param_dtype: Any = "float32",
     rngs: nnx.Rngs,
   ):
+    _check_epsilon("NnxQKNorm", epsilon)
+    if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 1:
+      raise ValueError(f"NnxQKNorm: head_dim must be an int >= 1, got {head_dim!r}.")
+    self.head_dim = head_dim
     kw = dict(epsilon=epsilon, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.query_ln = nnx.LayerNorm(head_dim, **kw)
     self.key_ln = nnx.LayerNorm(head_dim, **kw)
 
   def __call__(self, q: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
-    _check_head_sizes(q, k)
+    _check_head_sizes(q, k, self.head_dim, "NnxQKNorm")
     return self.query_ln(q), self.key_ln(k)
 
 
-def _check_head_sizes(q: jax.Array, k: jax.Array) -> None:
+def _check_epsilon(name: str, epsilon: Any) -> None:
+  """A one-line ValueError unless ``epsilon`` is a finite number > 0 (a static one)."""
+  if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)):
+    return  # an array: left to the norm
+  if not (math.isfinite(epsilon) and epsilon > 0):
+    raise ValueError(f"{name}: epsilon must be finite and > 0, got {epsilon!r}.")
+
+
+def _check_head_sizes(
+  q: jax.Array, k: jax.Array, head_dim: Optional[int] = None, name: str = "QKNorm"
+) -> None:
+  """One-line ValueErrors for inputs without a head axis, or whose head sizes differ
+  from each other (or from ``head_dim``, the size the scales were built for)."""
+  for what, x in (("q", q), ("k", k)):
+    if jnp.ndim(x) < 1:
+      raise ValueError(
+        f"{name}: {what} must have the head size as its last axis, got a 0-d {what}."
+      )
   if q.shape[-1] != k.shape[-1]:
     raise ValueError(
-      f"QKNorm: q and k must share the head size (their last axis), got q {q.shape}"
+      f"{name}: q and k must share the head size (their last axis), got q {q.shape}"
       f" and k {k.shape}."
+    )
+  if head_dim is not None and q.shape[-1] != head_dim:
+    raise ValueError(
+      f"{name}: the head size (the last axis of q and k) must be head_dim={head_dim},"
+      f" got q {q.shape} and k {k.shape}."
     )

@@ -103,3 +103,20 @@ def hold_runs(
 
   monkeypatch.setattr(store.RunLock, "acquire", acquire)
   return asked
+
+
+def complete_lm_record(rec: dict) -> dict:
+  """``rec``, a ``stiefax lm`` run record, with the fields a finished run has that it
+  lacks (the metrics and history the command and report read), as a written run would."""
+  m = rec["metrics"]
+  for key, value in (("max_logit_max", 10.0), ("entropy", 1.0), ("isometry", 0.5)):
+    m.setdefault(key, value)
+  m.setdefault("frame_lr", None)
+  h = rec.setdefault("history", {})
+  n = len(next(iter(h.values()))) if h else 2
+  steps = rec["config"].get("steps", 1)
+  tail = {"step": steps, "val_bpb": m["val_bpb"], "max_logit": m["max_logit_max"]}
+  head = {"step": 0, "val_bpb": m["init_val_bpb"], "max_logit": 1.0}
+  for key, last in tail.items():
+    h.setdefault(key, [head[key]] * (n - 1) + [last])
+  return rec

@@ -259,15 +259,15 @@ def test_row4_real_cifar_batches_still_load(tmp_path):
 @pytest.mark.parametrize(
   "kwargs,match",
   [
-    (dict(max_norm=-0.1), "max_norm must be finite and > 0, or None"),  # row 5
-    (dict(max_norm=float("nan")), "max_norm must be finite and > 0, or None"),  # row 6
+    (dict(max_norm=-0.1), "max_norm must be finite, > 0 and <= 1e15, or None"),  # row 5
+    (dict(max_norm=float("nan")), "max_norm must be finite, > 0 and <= 1e15, or None"),  # row 6
     (dict(eps=float("nan")), "eps must be finite and >= 0"),  # row 7
     (dict(eps=float("inf")), "eps must be finite and >= 0"),
     (dict(eps=-1e-8), "eps must be finite and >= 0"),
     (dict(b2=1.5), "b2 must be in [0, 1)"),  # row 8
     (dict(b1=1.0), "b1 must be in [0, 1)"),
     (dict(b1=-0.1), "b1 must be in [0, 1)"),
-    (dict(learning_rate=float("nan")), "learning_rate must be finite and >= 0"),
+    (dict(learning_rate=float("nan")), "learning_rate must be finite, >= 0 and <= 1e15"),
   ],
 )
 def test_rows5_to_8_riemannian_adam_checks_its_settings(kwargs, match):
@@ -285,7 +285,7 @@ def test_rows5_to_8_riemannian_adam_checks_its_settings(kwargs, match):
   [
     (lambda: stiefax.scalar_moment(b1=1.2), "scalar_moment: b1 must be in [0, 1)"),
     (lambda: stiefax.elementwise_moment(eps=float("nan")), "elementwise_moment: eps"),
-    (lambda: stiefax.step_norm_cap(0.0), "step_norm_cap: max_norm must be finite and > 0"),
+    (lambda: stiefax.step_norm_cap(0.0), "step_norm_cap: max_norm must be finite, > 0"),
     (lambda: stiefax.polar_retract(step_bound=float("inf")), "polar_retract: step_bound"),
     (lambda: stiefax.riemannian_sgd(float("inf")), "riemannian_sgd: learning_rate"),
     (lambda: stiefax.stiefel_adamw(1e-3, b2=1.0), "stiefel_adamw: b2 must be in [0, 1)"),
@@ -730,3 +730,474 @@ def test_row19_a_finished_run_leaves_no_checkpoint(finished, tiny, capsys):
   assert cli.main(_argv(finished)) == 0
   assert "finished already" in capsys.readouterr().out
   assert not os.path.lexists(leftover)
+
+
+# ------------------------------------------- row 20: one check of a run record, everywhere
+
+_FACTS = {"python": "3", "train_bytes": 1}  # a corpus's facts, as a record holds them
+
+
+def _lm_record(arm="A2", lr=3e-3, seed=0, val=2.0, init=8.0, preset="sweep"):
+  """A complete ``stiefax lm`` run record (every field the command and report read)."""
+  from stiefax.experiments.lm import config as lm_config
+  from stiefax.experiments.lm import runs as lm_runs
+
+  c = dataclasses.replace(lm_config.PRESETS[preset], adamw_lr=lr)
+  cfg = lm_runs.run_config(lm_config.ARMS[arm], c, _FACTS, preset)
+  steps = [0, c.steps]
+  return {
+    "experiment": "lm",
+    "arm": arm,
+    "seed": seed,
+    "config": cfg,
+    "metrics": {
+      "val_bpb": val,
+      "test_bpb": val,
+      "init_val_bpb": init,
+      "train_bpb": val,
+      "max_logit": 9.0,
+      "max_logit_max": 10.0,
+      "entropy": 1.0,
+      "isometry": 0.5,
+      "diverged": False,
+      "tokens_per_second": 1e4,
+      "frame_lr": None,
+    },
+    "history": {"step": steps, "val_bpb": [init, val], "max_logit": [1.0, 9.0]},
+  }
+
+
+def _write_lm(folder, rec) -> pathlib.Path:
+  from stiefax.experiments.lm import runs as lm_runs
+
+  path = folder / lm_runs.run_name(rec["arm"], rec["config"], rec["seed"])
+  store.write_json(path, rec, overwrite=True)
+  return path
+
+
+def _spoil(rec, how):
+  rec = json.loads(json.dumps(rec))
+  if how == "metrics as strings":
+    rec["metrics"] = {k: str(v) for k, v in rec["metrics"].items()}
+  elif how == "no metrics":
+    del rec["metrics"]
+  elif how == "a NaN loss at init":
+    rec["metrics"]["init_val_bpb"] = float("nan")
+  elif how == "a float seed":
+    rec["seed"] = 0.0
+  elif how == "no history":
+    del rec["history"]
+  elif how == "a ragged history":
+    rec["history"]["val_bpb"].pop()
+  elif how == "a string rate":
+    rec["config"]["adamw_lr"] = "0.003"
+  elif how == "a list":
+    rec = [rec]
+  return rec
+
+
+_SPOILS = [
+  ("metrics as strings", "its metrics"),
+  ("no metrics", "'metrics'"),
+  ("a NaN loss at init", "not finite"),
+  ("a float seed", "'seed' is 0.0"),
+  ("no history", "'history'"),
+  ("a ragged history", "differ in length"),
+  ("a string rate", "'adamw_lr'"),
+  ("a list", "not a run object"),
+]
+
+
+@pytest.mark.parametrize("how, match", _SPOILS)
+def test_row20_an_invalid_record_is_named_skipped_and_never_kept_as_finished(
+  how, match, tmp_path, capsys
+):
+  from stiefax.experiments import protocol
+  from stiefax.experiments.lm import command as lm_command
+  from stiefax.experiments.lm import runs as lm_runs
+
+  good = _lm_record()
+  assert protocol.record_problem(good) is None
+  bad = _spoil(good, how)
+  assert match in protocol.record_problem(bad)
+  # The report: the good run's tables, and one line naming the bad file.
+  folder = tmp_path / "runs"
+  _write_lm(folder, _lm_record(seed=1))
+  path = folder / "bad.json"
+  store.write_json(path, bad)
+  assert cli.main(["report", str(folder), "--plots", str(tmp_path / "plots")]) == 0
+  out, err = capsys.readouterr()
+  assert "Traceback" not in err and "A2" in out
+  lines = [ln for ln in err.splitlines() if "bad.json" in ln]
+  if how != "a list":  # JSON that is not an object with "experiment" is not a run file
+    assert len(lines) == 1 and match in lines[0] and str(path) in lines[0]
+  # --reuse: never copied; --out: never counted as finished, set aside when repairing.
+  cfg, seed = good["config"], 0
+  src, out_dir = tmp_path / "src", tmp_path / "out"
+  name = lm_runs.run_name("A2", cfg, seed)
+  for d in (src, out_dir):
+    d.mkdir()
+    store.write_json(d / name, bad)
+  job = lm_command.Job("A2", seed, out_dir / name, cfg=cfg)
+  assert lm_command._reuse(job, src) is None
+  assert match in capsys.readouterr().err
+  assert job.finished() is None
+  assert job.finished(repair=True) is None
+  assert not (out_dir / name).exists() and len(list(out_dir.glob(f"{name}.bad-*"))) == 1
+  # The good record is reused.
+  store.write_json(src / name, good, overwrite=True)
+  assert lm_command._reuse(job, src) == good and job.finished() == good
+
+
+def test_row20_a_nan_or_infinite_loss_is_never_selected(tmp_path):
+  from stiefax.experiments.lm import fair
+  from stiefax.experiments.lm import runs as lm_runs
+
+  runs = [_lm_record(lr=lr, seed=s, val=v) for lr, v in ((3e-4, 2.5), (3e-3, 2.0)) for s in (0, 1)]
+  nan_init = dict(
+    _lm_record(lr=1e-4, seed=0), metrics=dict(runs[0]["metrics"], init_val_bpb=np.nan)
+  )
+  nan_init2 = dict(nan_init, seed=1)
+  assert lm_runs.select_rate(runs + [nan_init, nan_init2]) == 3e-3
+  inf = [_lm_record(lr=1e-3, seed=s, val=float("inf")) for s in (0, 1)]
+  assert lm_runs.diverged(inf[0]) and lm_runs.select_rate(runs + inf) == 3e-3
+  assert lm_runs.best_of({1: float("nan"), 2: 3.0, 3: float("-inf")}) == 2
+  assert lm_runs.best_of({1: float("nan")}) is None
+  cells = [(3e-4, 1.0), (3e-3, 1.0)]
+  nan_cell = [
+    dict(
+      r, config=dict(r["config"], adamw_lr=1e-4), metrics=dict(r["metrics"], init_val_bpb=np.nan)
+    )
+    for r in runs[:2]
+  ]
+  assert fair.select_cell(runs + nan_cell, cells + [(1e-4, 1.0)]) == (3e-3, 1.0)
+
+
+def test_row20_json_nested_too_deep_is_invalid_not_a_recursion_error(tmp_path, capsys):
+  deep = tmp_path / "runs" / "deep.json"
+  deep.parent.mkdir()
+  deep.write_text("[" * 100_000 + "]" * 100_000)
+  obj, problem = store.read_json(deep)
+  assert obj is None and "nested deeper" in problem
+  shallow_but_over = tmp_path / "over.json"
+  shallow_but_over.write_text("[" * 100 + "]" * 100)
+  assert "nested deeper" in store.read_json(shallow_but_over)[1]
+  run, problem = store.finished_run(deep, lambda r: True)
+  assert run is None and "nested deeper" in problem
+  _write_lm(deep.parent, _lm_record())
+  assert cli.main(["report", str(deep.parent), "--plots", str(tmp_path / "plots")]) == 0
+  err = capsys.readouterr().err
+  assert "Traceback" not in err and f"skipped {deep}: not readable JSON (nested deeper" in err
+
+
+# ------------------------------------- row 21: the report reads files, writes in its folder
+
+
+def test_row21_the_report_never_waits_on_a_fifo_nor_writes_outside_its_folder(
+  tmp_path, outside, capsys
+):
+  from stiefax.experiments.report import file_name
+
+  runs = tmp_path / "runs"
+  runs.mkdir()
+  os.mkfifo(runs / "x.json")  # a reader that opened it would wait for a writer forever
+  victim = "../../" + outside.name + "/pwn"
+  for s in (0, 1):
+    rec = _lm_record(seed=s)
+    rec["config"]["preset"] = victim
+    _write_lm(runs, rec)
+  plots = tmp_path / "deep" / "plots"
+  proc = subprocess.run(
+    [sys.executable, "-m", "stiefax.experiments.cli", "report", str(runs), "--plots", str(plots)],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    cwd=pathlib.Path(__file__).parent.parent,
+  )
+  assert proc.returncode == 0, proc.stderr
+  assert "Traceback" not in proc.stderr and "A2" in proc.stdout
+  (line,) = [ln for ln in proc.stderr.splitlines() if "x.json" in ln]
+  assert "not a regular file" in line
+  _untouched(outside)
+  made = sorted(p.name for p in plots.iterdir())
+  assert made and all(name.startswith("lm_") and name.endswith(".png") for name in made)
+  assert [p for p in tmp_path.rglob("*.png") if p.parent != plots] == []
+  assert file_name("lm_../../x/y.png") == "lm_.._.._x_y.png" and file_name(".h") == "_h"
+
+
+# --------------------------------------------- row 22: an LM checkpoint's meta is checked
+
+
+def _meta_file(step_dir: pathlib.Path) -> pathlib.Path:
+  return step_dir / "meta" / "metadata"
+
+
+def _damage_meta(directory: pathlib.Path, step: int, damage: str) -> None:
+  if damage == "renamed step":
+    os.rename(directory / str(step), directory / str(step + 1))
+    return
+  path = _meta_file(directory / str(step))
+  meta = json.loads(path.read_text())
+  if damage == "seed":
+    meta["seed"] = 7
+  elif damage == "wall_time":
+    meta["wall_time"] = "soon"
+  else:
+    del meta["history"]
+  path.write_text(json.dumps(meta))
+
+
+_META_DAMAGE = [
+  ("seed", "meta differs from the digest"),
+  ("wall_time", "meta differs from the digest"),
+  ("no history", "meta differs from the digest"),
+  ("renamed step", "it holds step 2 in the folder of step 3"),
+]
+
+
+@pytest.mark.parametrize("damage, match", _META_DAMAGE)
+def test_row22_a_checkpoint_whose_meta_does_not_fit_is_damaged(damage, match, tmp_path):
+  import functools
+
+  from stiefax.experiments.checkpoints import DamagedCheckpoint
+  from stiefax.experiments.checkpoints import meta_problem
+
+  params, opt_state = {"w": jnp.arange(3.0)}, {"n": jnp.zeros(2)}
+  meta = {"step": 2, "seed": 0, "history": {"step": [0, 2]}, "wall_time": 1.5}
+  ckpt = Checkpoints(tmp_path / "run.ckpt")
+  ckpt.save(2, params, opt_state, meta)
+  ckpt.close()
+  _damage_meta(ckpt.directory, 2, damage)
+  again = Checkpoints(ckpt.directory)
+  latest = again.latest_epoch()
+  fits = functools.partial(meta_problem, seed=0, step=latest, step_key="step", history=("step",))
+  with pytest.raises(DamagedCheckpoint, match=match):
+    again.restore(latest, params, opt_state, fits)
+  again.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage, match", _META_DAMAGE)
+def test_row22_stiefax_lm_sets_a_checkpoint_whose_meta_does_not_fit_aside(
+  damage, match, tmp_path, capsys
+):
+  out = tmp_path / "lm"
+  argv = ["lm", "--arms", "A2", "--steps", "4", "--eval-every", "2", "--batch", "2"]
+  argv += ["--checkpoint-every", "2", "--out", str(out), "--no-progress"]
+  assert cli.main(argv) == 0
+  (result,) = out.glob("*.json")
+  first = json.loads(result.read_text())
+  from stiefax.experiments.lm import config as lm_config
+  from stiefax.experiments.lm import training as lm_training
+
+  config = lm_config.LMConfig(**{k: first["config"][k] for k in lm_config.LMConfig().__dict__})
+  ckpt = Checkpoints(result.with_suffix(".ckpt"))
+  lm_training.train(
+    lm_config.ARMS["A2"], config, 0, progress=False, checkpoints=ckpt, checkpoint_every=2
+  )
+  ckpt.close()
+  result.unlink()
+  _damage_meta(ckpt.directory, 2, damage)
+  capsys.readouterr()
+  assert cli.main(argv) == 0
+  err = capsys.readouterr().err
+  assert "Traceback" not in err and match in err and "training the run from the start" in err
+  assert len(list(out.glob("*.ckpt.damaged-*"))) == 1
+  again = json.loads(result.read_text())["metrics"]
+  assert again["test_bpb"] == first["metrics"]["test_bpb"]
+
+
+def test_row22_meta_problem_names_what_does_not_fit():
+  from stiefax.experiments.checkpoints import meta_problem
+
+  ok = {"seed": 1, "step": 4, "wall_time": 2.0, "history": {"step": [0, 2, 4], "v": [1, 2, 3]}}
+  fits = lambda meta: meta_problem(meta, seed=1, step=4, step_key="step", history=("step",))
+  assert fits(ok) is None
+  assert "seed 1.0" in fits(dict(ok, seed=1.0))
+  assert "step 3" in fits(dict(ok, step=3))
+  assert "wall_time 'x'" in fits(dict(ok, wall_time="x"))
+  assert "wall_time inf" in fits(dict(ok, wall_time=float("inf")))
+  assert "lacks its history" in fits({k: v for k, v in ok.items() if k != "history"})
+  assert "lacks step" in fits(dict(ok, history={"v": [1]}))
+  assert "one length" in fits(dict(ok, history={"step": [0, 2, 4], "v": [1]}))
+
+
+# ------------------------------- row 23: a flag has the range of the optimizer it feeds
+
+
+@pytest.mark.parametrize(
+  "extra, message",
+  [
+    (["--max-norm", "0"], "--max-norm 0.0: must be finite, > 0"),
+    (["--max-norm", "1e308"], "--max-norm 1e+308: must be finite, > 0 and <= 1e15"),
+    (["--frame-lr", "1e308"], "--frame-lr 1e+308: must be finite, >= 0 and <= 1e15"),
+    (["--lr", "1e20"], "--lr 1e+20: must be finite, >= 0 and <= 1e15"),
+    (["--reuse", ""], "--reuse is empty"),
+    (["--cells-from", " "], "--cells-from is empty"),
+    (["--frame-lr", "around"], "must be comma-separated numbers, or 'best'."),
+  ],
+)
+def test_row23_lm_flags_take_the_range_of_their_optimizer(
+  tmp_path, monkeypatch, capsys, extra, message
+):
+  monkeypatch.chdir(tmp_path)
+  out = tmp_path / "o"
+  line = _one_line(capsys, ["lm", "--out", str(out), "--arms", "A2,B2", *extra], message)
+  if extra == ["--frame-lr", "around"]:  # 'around' is given, never offered
+    assert line.count("around") == 1
+  assert not list(tmp_path.rglob("*.json")) and not list(tmp_path.rglob("*.ckpt"))
+
+
+def test_row23_the_grok_and_patches_flags_have_the_float32_ceiling(tmp_path, capsys):
+  out = tmp_path / "out"
+  _one_line(capsys, ["patches", "--max-norm", "1e308", "--out", str(out), "--no-cache"], "1e15")
+  _one_line(capsys, ["patches", "--lr", "B2=1e300", "--out", str(out), "--no-cache"], "1e15")
+  assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize(
+  "kwargs", [dict(learning_rate=1e38), dict(learning_rate=1.0, max_norm=1e308)]
+)
+def test_row23_the_library_refuses_a_rate_or_cap_whose_step_overflows_float32(fused, kwargs):
+  arg = list(kwargs)[-1]
+  with pytest.raises(ValueError, match=re.escape(f"stiefax.riemannian_adam: {arg}")) as e:
+    stiefax.riemannian_adam(**kwargs, fused=fused)
+  assert len(str(e.value).splitlines()) == 1 and "<= 1e15" in str(e.value)
+  # The largest rate taken still moves the frames (no silent skip).
+  w = jnp.linalg.qr(jax.random.normal(jax.random.key(0), (8, 4)))[0]
+  g = jax.random.normal(jax.random.key(1), (8, 4))
+  for max_norm in (0.1, None):
+    tx = stiefax.riemannian_adam(1e15, max_norm=max_norm, fused=fused)
+    u, _ = tx.update({"w": g}, tx.init({"w": w}), {"w": w})
+    moved = optax.apply_updates({"w": w}, u)["w"]
+    assert bool(jnp.isfinite(moved).all()) and float(jnp.abs(moved - w).max()) > 0.01
+
+
+# -------------------------------------------- row 24: the library's edges are one line
+
+
+def _frame_and_counter():
+  w = jnp.linalg.qr(jax.random.normal(jax.random.key(0), (8, 2)))[0]
+  params = {"w": w, "step": jnp.asarray(3), "keep": jnp.asarray([1, 0], jnp.int8)}
+  params["b"] = jnp.ones((3, 3))
+  labels = {"w": "stiefel", "step": "adamw", "keep": "adamw", "b": "adamw"}
+  return params, labels
+
+
+def test_row24_integer_leaves_are_left_unchanged_by_stiefel_adamw():
+  params, labels = _frame_and_counter()
+  tx = stiefax.stiefel_adamw(1e-2, labels=labels, frames=stiefax.FrameSpec())
+  state = tx.init(params)
+  grads = jax.tree.map(jnp.ones_like, params)
+  p = params
+  for _ in range(3):
+    updates, state = jax.jit(tx.update)(grads, state, p)
+    p = optax.apply_updates(p, updates)
+  assert int(p["step"]) == 3 and p["step"].dtype == params["step"].dtype
+  assert p["keep"].tolist() == [1, 0] and p["keep"].dtype == jnp.int8
+  assert float(p["b"][0, 0]) < 1.0 and float(jnp.abs(p["w"] - params["w"]).max()) > 0
+
+
+def test_row24_a_mask_of_the_wrong_structure_names_mask():
+  params, labels = _frame_and_counter()
+  tx = stiefax.stiefel_adamw(1e-2, labels=labels, frames=stiefax.FrameSpec(), mask=lambda p: [True])
+  with pytest.raises(ValueError, match=r"stiefel_adamw: mask= returned a tree of structure") as e:
+    tx.init(params)
+  assert "must have the structure of the params" in str(e.value) and "'b'" in str(e.value)
+  assert len(str(e.value).splitlines()) == 1
+
+
+def test_row24_the_empty_tree_has_its_own_message():
+  with pytest.raises(ValueError, match="init was given no parameters") as e:
+    stiefax.stiefel_adamw(1e-3).init({})
+  assert len(str(e.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize("epsilon", [-1.0, 0.0, float("nan"), float("inf")])
+def test_row24_qk_norm_checks_epsilon(epsilon):
+  from flax import nnx
+
+  x = jnp.ones((2, 4))
+  with pytest.raises(ValueError, match=r"^QKNorm: epsilon must be finite and > 0"):
+    stiefax.flax.QKNorm(epsilon=epsilon).init(jax.random.key(0), x, x)
+  with pytest.raises(ValueError, match=r"^NnxQKNorm: epsilon must be finite and > 0"):
+    stiefax.flax.NnxQKNorm(4, epsilon=epsilon, rngs=nnx.Rngs(0))
+
+
+def test_row24_qk_norm_checks_the_head_size_and_0d_inputs():
+  from flax import nnx
+
+  scalar, x = jnp.ones(()), jnp.ones((2, 4))
+  with pytest.raises(ValueError, match=r"^QKNorm: q must have the head size as its last axis"):
+    stiefax.flax.QKNorm().init(jax.random.key(0), scalar, scalar)
+  norm = stiefax.flax.NnxQKNorm(8, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"^NnxQKNorm: the head size .* must be head_dim=8"):
+    norm(x, x)
+  with pytest.raises(ValueError, match=r"^NnxQKNorm: k must have the head size"):
+    norm(jnp.ones((2, 8)), scalar)
+  with pytest.raises(ValueError, match=r"^NnxQKNorm: head_dim must be an int >= 1"):
+    stiefax.flax.NnxQKNorm(0, rngs=nnx.Rngs(0))
+  qn, kn = norm(jnp.ones((2, 8)), jnp.ones((3, 8)))
+  assert qn.shape == (2, 8) and kn.shape == (3, 8)
+
+
+# ------------------------------------------ row 25: a real full disk while checkpointing
+
+_SAVE_UNTIL_FULL = """
+import sys, jax
+from stiefax.experiments.checkpoints import Checkpoints
+from stiefax.experiments.flags import CommandError
+ckpt = Checkpoints(sys.argv[1])
+ckpt.save(1, {"w": jax.numpy.arange(4.0)}, {}, {"step": 1})
+try:
+  ckpt.save(2, {"w": jax.random.normal(jax.random.key(0), (1024, 512))}, {}, {"step": 2})
+except CommandError as e:
+  print(f"stiefax lm: error: {e}", file=sys.stderr)
+print("kept", ckpt.latest_epoch())
+"""
+
+
+def _save_until_full(folder: pathlib.Path, limit: int = 0) -> subprocess.CompletedProcess:
+  import resource
+
+  def cap() -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails: EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+  return subprocess.run(
+    [sys.executable, "-c", _SAVE_UNTIL_FULL, str(folder / "run.ckpt")],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    preexec_fn=cap if limit else None,
+    cwd=pathlib.Path(__file__).parent.parent,
+  )
+
+
+def _one_line_kept(proc, cause: str) -> None:
+  assert proc.returncode == 0, proc.stderr
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1, proc.stderr
+  assert f"({cause}); the previous checkpoint (at 1) is kept." in lines[0]
+  assert proc.stdout.split() == ["kept", "1"]
+
+
+def test_row25_a_file_size_limit_while_checkpointing_is_one_line(tmp_path):
+  proc = _save_until_full(tmp_path, limit=1 << 20)  # RLIMIT_FSIZE: 1 MiB per file
+  _one_line_kept(proc, "File too large")
+  assert not [p for p in (tmp_path / "run.ckpt").iterdir() if "tmp" in p.name]
+
+
+def test_row25_a_full_tmpfs_while_checkpointing_is_one_line(tmp_path):
+  disk = tmp_path / "disk"
+  disk.mkdir()
+  mount = subprocess.run(
+    ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True
+  )
+  if mount.returncode != 0:
+    pytest.skip("no tmpfs can be mounted here (the file size limit test covers this row)")
+  try:
+    _one_line_kept(_save_until_full(disk), "No space left on device")
+  finally:
+    subprocess.run(["umount", str(disk)], check=True)

@@ -18,6 +18,7 @@ from stiefax.experiments.lm import tables
 from stiefax.experiments.lm import training
 from stiefax.experiments.lm.model import DecoderLM
 from stiefax.experiments.lm.model import rope
+from tests import harness
 
 TINY = dataclasses.replace(lm_config.PRESETS["quick"], steps=20, warmup_steps=2, eval_every=10)
 TINY = dataclasses.replace(TINY, val_windows=16, test_windows=16, probe_windows=4)
@@ -285,7 +286,7 @@ def test_best_rate_needs_the_whole_sweep_and_ignores_later_seeds(tmp_path):
       "config": cfg,
       "metrics": {"val_bpb": val, "test_bpb": val, "init_val_bpb": 11.0, "diverged": False},
     }
-    write_json(tmp_path / lm_runs.run_name("B2", cfg, seed), rec)
+    write_json(tmp_path / lm_runs.run_name("B2", cfg, seed), harness.complete_lm_record(rec))
 
   losses = dict(zip(lm_config.SWEEP_RATES, (3.0, 2.6, 2.4, 2.45, 2.7, 3.5, 4.0)))
   for lr, val in list(losses.items())[:-1]:

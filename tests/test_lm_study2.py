@@ -20,6 +20,7 @@ from stiefax.experiments.lm import training
 from stiefax.experiments.lm.model import DecoderLM
 from stiefax.experiments.lm.model import logit_bounds
 from stiefax.experiments.store import write_json
+from tests import harness
 
 TINY = dataclasses.replace(lm_config.PRESETS["quick"], steps=6, warmup_steps=0, eval_every=3)
 TINY = dataclasses.replace(TINY, val_windows=8, test_windows=8, probe_windows=2, seq=32)
@@ -218,7 +219,7 @@ def _record(tmp_path, arm, lr, frame, seed, val, config=None):
     "config": cfg,
     "metrics": {"val_bpb": val, "test_bpb": val, "init_val_bpb": 8.0, "diverged": False},
   }
-  write_json(tmp_path / lm_runs.run_name(arm, cfg, seed), rec)
+  write_json(tmp_path / lm_runs.run_name(arm, cfg, seed), harness.complete_lm_record(rec))
 
 
 def test_the_best_cell_needs_both_selection_seeds_of_every_cell(tmp_path):
@@ -248,26 +249,28 @@ def _study_record(arm, cell, seed, val, preset="sweep", seen=20.0):
   cfg = lm_config.PRESETS[preset]
   c = dataclasses.replace(cfg, adamw_lr=cell[0], frame_lr=cell[1])
   rc = lm_runs.run_config(arms.ARMS[arm], c, data.load().facts, preset)
-  return {
-    "experiment": "lm",
-    "arm": arm,
-    "seed": seed,
-    "config": rc,
-    "metrics": {
-      "val_bpb": val,
-      "test_bpb": val + 0.01,
-      "init_val_bpb": 8.0,
-      "diverged": False,
-      "max_logit_max": 20.0,
-      "entropy": 1.5,
-      "isometry": 1e-7,
-    },
-    "history": {
-      "head_max_logit": [[[seen] * 8] * 2],
-      "logit_bound": [[[32.0] * 8] * 2],
-      "cap_fraction": [0.25],
-    },
-  }
+  return harness.complete_lm_record(
+    {
+      "experiment": "lm",
+      "arm": arm,
+      "seed": seed,
+      "config": rc,
+      "metrics": {
+        "val_bpb": val,
+        "test_bpb": val + 0.01,
+        "init_val_bpb": 8.0,
+        "diverged": False,
+        "max_logit_max": 20.0,
+        "entropy": 1.5,
+        "isometry": 1e-7,
+      },
+      "history": {
+        "head_max_logit": [[[seen] * 8] * 2],
+        "logit_bound": [[[32.0] * 8] * 2],
+        "cap_fraction": [0.25],
+      },
+    }
+  )
 
 
 #: The synthetic study 2's best cells and offsets (B2-fold is its best Stiefel arm).

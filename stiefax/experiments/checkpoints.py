@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import logging
 import os
 import pathlib
 import shutil
 import sys
+import threading
 from typing import Any
+from typing import Callable
+from typing import Iterator
 from typing import Optional
 
 import jax
@@ -18,7 +23,7 @@ import orbax.checkpoint as ocp
 from stiefax.experiments import store
 from stiefax.experiments.flags import CommandError
 
-__all__ = ["Checkpoints", "DamagedCheckpoint", "set_aside"]
+__all__ = ["Checkpoints", "DamagedCheckpoint", "set_aside", "meta_problem"]
 
 
 class DamagedCheckpoint(Exception):
@@ -45,19 +50,105 @@ def tree_digest(tree: Any) -> str:
   return h.hexdigest()
 
 
+def _meta_digest(meta: dict) -> str:
+  """SHA-256 of ``meta`` as canonical JSON (:func:`stiefax.experiments.store.canonical`)."""
+  return hashlib.sha256(store.canonical(meta).encode()).hexdigest()
+
+
+def meta_problem(
+  meta: dict, *, seed: int, step: int, step_key: str, history: Any = ()
+) -> Optional[str]:
+  """Why a checkpoint's ``meta`` does not fit the run resuming from it (None if it does).
+
+  It must hold the run's ``seed`` (an integer), ``meta[step_key] == step`` (the step
+  folder it was read from), a finite ``wall_time >= 0``, and a ``"history"`` object
+  that holds the entries named in ``history`` (those every version wrote) and whose
+  entries are all lists of one length, one per evaluation.
+  """
+  got = meta.get("seed")
+  if not isinstance(got, int) or isinstance(got, bool) or got != seed:
+    return f"it holds seed {got!r}, not seed {seed}"
+  got = meta.get(step_key)
+  if not isinstance(got, int) or isinstance(got, bool) or got != step:
+    return f"it holds {step_key} {got!r} in the folder of {step_key} {step}"
+  wall = meta.get("wall_time")
+  if not isinstance(wall, (int, float)) or isinstance(wall, bool) or not 0 <= wall < float("inf"):
+    return f"its wall_time {wall!r} is not a finite number >= 0"
+  hist = meta.get("history")
+  if not isinstance(hist, dict):
+    return "it lacks its history"
+  missing = [k for k in history if k not in hist]
+  if missing:
+    return f"its history lacks {', '.join(missing)}"
+  lengths = {k: len(v) if isinstance(v, list) else None for k, v in hist.items()}
+  if None in lengths.values() or len(set(lengths.values())) > 1:
+    return f"its history entries are not lists of one length ({_short_dict(lengths)})"
+  return None
+
+
+def _short_dict(d: dict) -> str:
+  text = ", ".join(f"{k} {v}" for k, v in d.items())
+  return text if len(text) <= 80 else text[:77] + "..."
+
+
+#: The causes of a failed save named in the OS's words: a full disk, a quota, a file
+#: size limit, a read-only or failing disk, a folder made unwritable.
+_CAUSES = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.EACCES)
+
+
+def _cause(e: BaseException) -> str:
+  """Why a save failed, in the OS's words (``"No space left on device"``) where the
+  cause is one, however deeply Orbax and TensorStore wrap it."""
+  chain: list[BaseException] = []
+  cause: Optional[BaseException] = e
+  while cause is not None and cause not in chain:
+    chain.append(cause)
+    cause = cause.__cause__ or cause.__context__
+  for c in chain:
+    if isinstance(c, OSError) and c.strerror:
+      return c.strerror
+  text = " ".join(str(c) for c in chain)
+  for code in _CAUSES:  # TensorStore's message holds the OS's words
+    if os.strerror(code) in text:
+      return os.strerror(code)
+  if "RESOURCE_EXHAUSTED" in text:
+    return os.strerror(errno.ENOSPC)
+  return _short(e)
+
+
+@contextlib.contextmanager
+def _quiet_threads() -> Iterator[None]:
+  """Keeps Orbax's worker threads from logging a failed save (absl errors, their
+  tracebacks, an exception hook's report): the save's own exception says it once."""
+  loggers = [logging.getLogger(name) for name in ("absl", "orbax", "asyncio")]
+  levels = [lg.level for lg in loggers]
+  hook = threading.excepthook
+  for lg in loggers:
+    lg.setLevel(logging.CRITICAL + 1)
+  threading.excepthook = lambda args: None
+  try:
+    yield
+  finally:
+    for lg, level in zip(loggers, levels):
+      lg.setLevel(level)
+    threading.excepthook = hook
+
+
 class Checkpoints:
   """A run's training state on disk (Orbax), for resuming an interrupted run.
 
   One checkpoint (the latest) is kept in ``directory``: the parameters and optimizer
   state (``state``, an Orbax ``StandardSave`` of the arrays), and as JSON (``meta``) the
-  epoch reached, the evaluation history so far, the wall time spent, the seed and the
-  SHA-256 of the arrays (``digest``). The training loop draws no random numbers after
+  epoch reached, the evaluation history so far, the wall time spent, the seed, the
+  SHA-256 of the arrays (``digest``) and the SHA-256 of the rest of the meta as
+  canonical JSON (``meta_digest``). The training loop draws no random numbers after
   initialization (full batch, no dropout), so the seed is all the random state there
   is. Orbax writes each checkpoint to a temporary folder and renames it when complete:
   a process killed while saving leaves the previous checkpoint.
 
   The path is never resolved: a ``directory`` that is a symbolic link or a file, or a
-  checkpoint that cannot be read back whole (truncated, altered: its digest differs),
+  checkpoint that cannot be read back whole (truncated, altered: a digest differs), or
+  whose meta does not fit the run (``restore(check=...)``, e.g. :func:`meta_problem`),
   raises :class:`DamagedCheckpoint`, and the command moves it aside
   (:meth:`move_aside`) and trains the run afresh. :meth:`remove` deletes only a real
   folder, never a link's target.
@@ -100,24 +191,35 @@ class Checkpoints:
     """
     state = {"params": params, "opt_state": opt_state}
     try:
-      self._open().save(
-        epoch,
-        args=ocp.args.Composite(
-          state=ocp.args.StandardSave(state),
-          meta=ocp.args.JsonSave({**meta, "digest": tree_digest(state)}),
-        ),
-        force=True,
-      )
+      with _quiet_threads():
+        self._open().save(
+          epoch,
+          args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            meta=ocp.args.JsonSave(
+              {**meta, "digest": tree_digest(state), "meta_digest": _meta_digest(meta)}
+            ),
+          ),
+          force=True,
+        )
     except DamagedCheckpoint as e:
       raise CommandError(f"cannot save a checkpoint in {e}.") from None
     except Exception as e:  # an OSError, or Orbax's wrapping of one
-      self.close()
+      with _quiet_threads():
+        self.close()
       self._remove_partial()
-      cause: BaseException = e
-      while cause.__cause__ is not None and not isinstance(cause, OSError):
-        cause = cause.__cause__
-      reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else _short(e)
-      raise CommandError(f"cannot save a checkpoint in {self.directory} ({reason}).") from None
+      kept = self._kept()
+      raise CommandError(
+        f"cannot save a checkpoint in {self.directory} ({_cause(e)}); "
+        + (f"the previous checkpoint (at {kept}) is kept." if kept is not None else "none is kept.")
+      ) from None
+
+  def _kept(self) -> Optional[int]:
+    """The step (epoch) of the checkpoint folder left in ``directory``, if any."""
+    if store.not_a_folder(self.directory) is not None or not self.directory.is_dir():
+      return None
+    steps = [int(e.name) for e in self.directory.iterdir() if e.name.isdigit() and e.is_dir()]
+    return max(steps) if steps else None
 
   def _remove_partial(self) -> None:
     """Removes Orbax's temporary folders of a save that failed (nothing else)."""
@@ -128,10 +230,17 @@ class Checkpoints:
         with contextlib.suppress(OSError):
           shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
 
-  def restore(self, epoch: int, params: Any, opt_state: Any) -> tuple[Any, Any, dict]:
+  def restore(
+    self,
+    epoch: int,
+    params: Any,
+    opt_state: Any,
+    check: Optional[Callable[[dict], Optional[str]]] = None,
+  ) -> tuple[Any, Any, dict]:
     """``(params, opt_state, meta)`` saved at ``epoch``; ``params``, ``opt_state``
     give the tree structure, shapes and dtypes. ``DamagedCheckpoint`` if it cannot be
-    read back whole or its arrays differ from the digest saved with them."""
+    read back whole, its arrays or meta differ from the digests saved with them, or
+    ``check(meta)`` gives a reason (the meta does not fit the run)."""
     target = {"params": params, "opt_state": opt_state}
     try:
       abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
@@ -153,6 +262,15 @@ class Checkpoints:
     if saved is not None and saved != tree_digest(state):
       self.close()
       raise DamagedCheckpoint(self.directory, "its arrays differ from the digest saved with them")
+    saved = meta.pop("meta_digest", None)  # nor this
+    problem = None
+    if saved is not None and saved != _meta_digest(meta):
+      problem = "its meta differs from the digest saved with it"
+    elif check is not None:
+      problem = check(meta)
+    if problem:
+      self.close()
+      raise DamagedCheckpoint(self.directory, problem)
     return state["params"], state["opt_state"], meta
 
   def close(self) -> None:

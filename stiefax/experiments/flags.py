@@ -11,7 +11,8 @@ optimizers themselves enforce; :func:`parse_arms` and :func:`parse_seeds` read
 ``--arms`` and ``--seeds`` of the commands that train arms over seeds (``stiefax
 grok``, ``stiefax lm``); :func:`floats`, :func:`ints` and :func:`knob` read lists of
 numbers and rates (``stiefax patches``); :func:`arm_lines` writes the arms a command
-offers into its ``--help`` from their registry descriptions.
+offers into its ``--help`` from their registry descriptions; :func:`check_setting`
+gives a flag the range of the optimizer argument it feeds.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ __all__ = [
   "ints",
   "knob",
   "arm_lines",
+  "check_setting",
 ]
 
 
@@ -166,14 +168,25 @@ def ints(text: str, flag: str) -> list[int]:
 
 
 def knob(text: str, flag: str) -> float:
-  """A rate: a finite number >= 0."""
+  """A rate: a finite number >= 0 that the optimizers take (:func:`optimizer_problem`)."""
   try:
     v = float(text)
   except ValueError:
     raise CommandError(f"{flag}: {text!r} is not a number") from None
   if not math.isfinite(v) or v < 0:
     raise CommandError(f"{flag}: rates must be finite and >= 0, got {text!r}")
+  check_setting(flag, "learning_rate", v)
   return v
+
+
+def check_setting(flag: str, arg: str, value: float) -> float:
+  """``value`` of ``flag``, or a ``CommandError`` naming ``flag`` when the optimizer it
+  feeds refuses it as its argument ``arg`` (:func:`optimizer_problem`): one line such
+  as ``--max-norm 0.0: must be finite, > 0 and <= 1e15, or None, got 0.0.``"""
+  problem = optimizer_problem(arg, value)
+  if problem is not None:
+    raise CommandError(f"{flag} {value!r}: {problem}.")
+  return value
 
 
 # Which public optimizer takes each setting: building it with the value runs the

@@ -13,6 +13,7 @@ import pathlib
 import sys
 from typing import Optional
 
+from stiefax.experiments import protocol
 from stiefax.experiments import store
 
 __all__ = ["checkpoint_interval", "EXIT_HELD", "Job", "leave_held", "NO_WAIT_HELP"]
@@ -70,12 +71,13 @@ class Job(abc.ABC):
     command defines it from its run identity)."""
 
   def finished(self, repair: bool = False) -> Optional[dict]:
-    """The run written at ``path`` if it is this job's run, else None.
+    """The run written at ``path`` if it is a valid run file
+    (:func:`stiefax.experiments.protocol.record_problem`) and this job's run, else None.
 
     With ``repair`` (only while holding the job's lock), a file there that is damaged
     or holds another run is moved aside (never deleted), so that the run can be written.
     """
-    record, problem = store.finished_run(self.path, self.same)
+    record, problem = store.finished_run(self.path, self.same, protocol.record_problem)
     if record is not None or not problem or not repair:
       return record
     aside = store.move_aside(self.path, "bad")

@@ -39,17 +39,33 @@ module.
 
 ``stiefax report`` finds an experiment's report, run key and run check through this
 table (:func:`piece`); ``stiefax <name>`` imports ``<name>.command`` only when it runs.
+
+A run file is checked in one place, wherever it is read (a command's ``--out``,
+``--reuse`` or ``--cells-from``, ``stiefax report``): :func:`record_problem` checks the
+fields every run has by type (``"experiment"``, ``"arm"``, an integer ``"seed"`` in
+``[0, 2^32)``, ``"config"`` and ``"metrics"`` objects), then the experiment's run check,
+which checks by type every field its commands and report read (:func:`number_problem`,
+:func:`list_problem`), then that its run key can be computed.
 ``tests/test_commands.py`` crosses every package with every piece.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 from typing import Any
 from typing import NamedTuple
 from typing import Optional
 
-__all__ = ["EXPERIMENTS", "Piece", "PIECES", "piece"]
+__all__ = [
+  "EXPERIMENTS",
+  "Piece",
+  "PIECES",
+  "piece",
+  "record_problem",
+  "number_problem",
+  "list_problem",
+]
 
 #: The experiment commands: ``stiefax <name>`` is the package ``stiefax.experiments.<name>``,
 #: and its runs are the files whose ``"experiment"`` is ``<name>``.
@@ -92,3 +108,105 @@ def piece(experiment: str, name: str) -> Any:
   where = PIECES[name]
   module = importlib.import_module(f"stiefax.experiments.{experiment}.{where.module}")
   return getattr(module, where.name)
+
+
+#: Seeds are 32-bit unsigned integers (``jax.random.key`` and NumPy take them).
+_SEED_END = 2**32
+
+_COMMON = {"arm": str, "config": dict, "metrics": dict}
+
+
+def _is_number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def number_problem(
+  mapping: dict,
+  key: str,
+  where: str,
+  *,
+  finite: bool = False,
+  positive: bool = False,
+  integer: bool = False,
+  none: bool = False,
+  optional: bool = False,
+) -> Optional[str]:
+  """Why ``mapping[key]`` is not the number a reader needs (``None`` if it is).
+
+  A number is an ``int`` or ``float``, never a ``bool``; ``integer`` asks for an
+  ``int``, ``finite`` for neither NaN nor infinity, ``positive`` for ``> 0``; ``none``
+  lets the value be ``None`` and ``optional`` lets the key be absent. ``where`` names the
+  object in the reason (``"its metrics"``).
+  """
+  if key not in mapping:
+    return None if optional else f"{where} lack {key!r}"
+  value = mapping[key]
+  if value is None and none:
+    return None
+  if not _is_number(value) or (integer and not isinstance(value, int)):
+    kind = "an integer" if integer else "a number"
+    return f"{where} hold {key!r} = {_short(value)}, not {kind}"
+  if (finite or positive) and not math.isfinite(value):
+    return f"{where} hold {key!r} = {value}, not finite"
+  if positive and not value > 0:
+    return f"{where} hold {key!r} = {value}, not > 0"
+  return None
+
+
+def list_problem(
+  mapping: dict, keys: Any, where: str, *, numbers: Any = (), length: Optional[int] = None
+) -> Optional[str]:
+  """Why the lists ``mapping[k]`` for ``k`` in ``keys`` are not what a reader needs.
+
+  Each must be a non-empty list, all of one length (``length`` if given); those named
+  in ``numbers`` must hold numbers or ``None`` only.
+  """
+  for key in keys:
+    value = mapping.get(key)
+    if not isinstance(value, list) or not value:
+      return f"{where} lack the non-empty list {key!r}"
+    if length is None:
+      length = len(value)
+    elif len(value) != length:
+      return f"{where} differ in length ({key!r} has {len(value)}, not {length})"
+    if key in numbers and not all(v is None or _is_number(v) for v in value):
+      return f"{where} hold {key!r} with a value that is not a number"
+  return None
+
+
+def _short(value: Any) -> str:
+  text = repr(value)
+  return text if len(text) <= 40 else text[:37] + "..."
+
+
+def record_problem(run: Any, experiment: Optional[str] = None) -> Optional[str]:
+  """Why ``run`` is not a usable run file (``None`` if it is): the one check of a record.
+
+  ``run`` must be an object whose ``"experiment"`` is ``experiment`` (any of
+  :data:`EXPERIMENTS` when None), with a string ``"arm"``, an integer ``"seed"`` in
+  ``[0, 2^32)`` (``0.0`` is not one), ``"config"`` and ``"metrics"`` objects, pass its
+  experiment's run check (every field its commands and report read, by type) and have
+  a run key. The reason is one line, for ``skipped <file>: <reason>``.
+  """
+  if not isinstance(run, dict):
+    return f"it holds a JSON {type(run).__name__}, not a run object"
+  name = run.get("experiment")
+  if not isinstance(name, str) or name not in EXPERIMENTS:
+    return f"its field 'experiment' is {_short(name)}, not one of {', '.join(EXPERIMENTS)}"
+  if experiment is not None and name != experiment:
+    return f"it is a run of {name}, not of {experiment}"
+  for key, kind in _COMMON.items():
+    if key not in run:
+      return f"lacks the field {key!r}"
+    if not isinstance(run[key], kind):
+      return f"its field {key!r} is {_short(run[key])}, not a {kind.__name__}"
+  seed = run.get("seed")
+  if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < _SEED_END:
+    return f"its field 'seed' is {_short(seed)}, not an integer in [0, 2^32)"
+  try:
+    problem = piece(name, "run check")(run)
+    if problem is None:
+      piece(name, "run key")(run)
+  except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+    return f"unusable run ({type(e).__name__}: {_short(str(e))})"
+  return problem

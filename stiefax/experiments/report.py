@@ -63,6 +63,7 @@ __all__ = [
   "paired_cells",
   "PAIRED_HEADER",
   "pyplot",
+  "file_name",
   "save_figure",
 ]
 
@@ -82,19 +83,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   )
 
 
-_RUN_FIELDS = {"arm": str, "seed": int, "config": dict, "metrics": dict}
-
-
 def _problem(run: dict, experiment: str) -> Optional[str]:
-  """What keeps ``run`` from being reported (``None`` if nothing, or no report for it)."""
+  """What keeps ``run`` from being reported (``None`` if nothing, or no report for it):
+  :func:`stiefax.experiments.protocol.record_problem`, the one check of a run file."""
   if experiment not in protocol.EXPERIMENTS:
     return None
-  for key, kind in _RUN_FIELDS.items():
-    if key not in run:
-      return f"lacks the field {key!r}"
-    if not isinstance(run[key], kind) or isinstance(run[key], bool):
-      return f"its field {key!r} is not a {kind.__name__}"
-  return protocol.piece(experiment, "run check")(run)
+  return protocol.record_problem(run, experiment)
 
 
 def _key(run: dict, experiment: str) -> Any:
@@ -349,14 +343,26 @@ def pyplot() -> Any:
   return matplotlib.pyplot
 
 
-def save_figure(fig: Any, plt: Any, out_dir: pathlib.Path, name: str) -> Optional[str]:
-  """Writes ``fig`` to ``out_dir / name`` (110 dpi) and closes it; None if it cannot.
+def file_name(name: str) -> str:
+  """``name`` as one file name inside a folder: every character but letters, digits,
+  ``.``, ``_``, ``-`` and ``=`` becomes ``_`` (a separator among them), and a leading
+  ``.`` too, so a name built from a run file's fields (``../../x``) never leaves its
+  folder nor hides in it."""
+  safe = "".join(c if c.isascii() and (c.isalnum() or c in "._-=") else "_" for c in name)
+  return "_" + safe[1:] if safe.startswith(".") or not safe else safe
 
-  The PNG is written atomically (:func:`stiefax.experiments.store.atomic_write`): a
-  symbolic link at ``out_dir / name`` is replaced, its target never written.
+
+def save_figure(fig: Any, plt: Any, out_dir: pathlib.Path, name: str) -> Optional[str]:
+  """Writes ``fig`` to ``out_dir / file_name(name)`` (110 dpi) and closes it; None if
+  it cannot.
+
+  The name is made one file name inside ``out_dir`` (:func:`file_name`), whatever a run
+  file says. The PNG is written atomically
+  (:func:`stiefax.experiments.store.atomic_write`): a symbolic link at that path is
+  replaced, its target never written.
   """
   try:
-    path = pathlib.Path(out_dir) / name
+    path = pathlib.Path(out_dir) / file_name(name)
     store.atomic_write(path, lambda f: fig.savefig(f, dpi=110, format="png"))
     return str(path)
   except OSError:

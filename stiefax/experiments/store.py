@@ -46,6 +46,8 @@ __all__ = [
   "code_version",
   "atomic_write",
   "write_json",
+  "MAX_JSON_DEPTH",
+  "MAX_JSON_BYTES",
   "read_json",
   "finished_run",
   "move_aside",
@@ -144,31 +146,79 @@ def write_json(path: pathlib.Path, obj: Any, *, overwrite: bool = False) -> None
   atomic_write(path, lambda f: f.write(text), overwrite=overwrite, binary=False)
 
 
+#: How deeply a JSON file the commands read may nest its arrays and objects (a run file
+#: nests 4 deep); anything deeper is refused, never a ``RecursionError``.
+MAX_JSON_DEPTH = 64
+
+#: The largest JSON file the commands read (a run file is well under 1 MB).
+MAX_JSON_BYTES = 256 * 2**20
+
+
+def _depth_problem(obj: Any) -> Optional[str]:
+  """Why ``obj`` nests deeper than :data:`MAX_JSON_DEPTH` (None if it does not)."""
+  stack = [(obj, 1)]
+  while stack:
+    value, depth = stack.pop()
+    if isinstance(value, (list, dict)):
+      if depth > MAX_JSON_DEPTH:
+        return f"nested deeper than {MAX_JSON_DEPTH} levels"
+      items = value.values() if isinstance(value, dict) else value
+      stack.extend((v, depth + 1) for v in items if isinstance(v, (list, dict)))
+  return None
+
+
 def read_json(path: pathlib.Path) -> tuple[Optional[Any], Optional[str]]:
-  """``(obj, None)`` for a readable JSON file, else ``(None, one-line reason)``."""
+  """``(obj, None)`` for a readable JSON file, else ``(None, one-line reason)``.
+
+  Only a regular file is read: a FIFO, a device or a folder is a reason, never waited
+  on (the file is opened without blocking and checked before it is read). JSON nested
+  deeper than :data:`MAX_JSON_DEPTH`, or a file larger than :data:`MAX_JSON_BYTES`, is
+  not readable JSON either.
+  """
   try:
-    return json.loads(pathlib.Path(path).read_text()), None
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+      st = os.fstat(f.fileno())
+      if not stat.S_ISREG(st.st_mode):
+        return None, "not a regular file"
+      if st.st_size > MAX_JSON_BYTES:
+        return None, f"larger than {MAX_JSON_BYTES >> 20} MiB"
+      data = f.read()
+    obj = json.loads(data.decode())
+  except RecursionError:
+    return None, f"nested deeper than {MAX_JSON_DEPTH} levels"
   except (OSError, UnicodeDecodeError, ValueError) as e:
     text = " ".join(str(e).split())
     return None, text[:117] + "..." if len(text) > 120 else text
+  problem = _depth_problem(obj)
+  return (None, problem) if problem else (obj, None)
 
 
-def finished_run(path: pathlib.Path, same: Callable[[Any], bool]) -> tuple[Optional[dict], str]:
+def finished_run(
+  path: pathlib.Path,
+  same: Callable[[Any], bool],
+  check: Optional[Callable[[Any], Optional[str]]] = None,
+) -> tuple[Optional[dict], str]:
   """``(run, "")`` if ``path`` holds a finished run for which ``same(run)`` is true.
 
   Else ``(None, reason)``: ``""`` when there is no file, otherwise why the file there
-  is not this run (a symbolic link, unreadable, another configuration, a missing
-  field).
+  is not this run (a symbolic link, not a regular file, unreadable, invalid by
+  ``check(run)`` (a reason or None; e.g.
+  :func:`stiefax.experiments.protocol.record_problem`), another configuration, a
+  missing field).
   """
   path = pathlib.Path(path)
   if os.path.islink(path):  # never read through a link the store did not create
     return None, "it is a symbolic link"
-  if not path.is_file():
+  if not os.path.lexists(path):
     return None, ""
   run, problem = read_json(path)
   if problem is not None:
     return None, f"not readable JSON ({problem})"
   try:
+    invalid = check(run) if check is not None else None
+    if invalid:
+      return None, f"not a valid run ({invalid})"
     if isinstance(run, dict) and same(run):
       return run, ""
     return None, "it holds another configuration"

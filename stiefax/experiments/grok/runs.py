@@ -13,6 +13,7 @@ import shlex
 from typing import Optional
 from typing import Sequence
 
+from stiefax.experiments import protocol
 from stiefax.experiments import store
 from stiefax.experiments.arms import Arm
 from stiefax.experiments.grok import collapses
@@ -199,18 +200,24 @@ _HISTORY = ("epoch", "train_acc", "test_acc", "isometry")
 
 
 def check_run(run: dict) -> Optional[str]:
-  """What a grokking run lacks for the report (``None`` if nothing); see ``stiefax report``."""
+  """What a grokking run lacks for the report (``None`` if nothing); see ``stiefax report``.
+
+  By type: the epochs of :data:`_METRICS` integers or None, the other metrics numbers,
+  the histories non-empty lists of numbers of one length, and every config field.
+  """
   for key in _METRICS:
     if key not in run["metrics"]:
       return f"lacks the metric {key!r}"
+    epoch = key.endswith("_epoch")
+    problem = protocol.number_problem(run["metrics"], key, "its metrics", integer=epoch, none=epoch)
+    if problem:
+      return problem
   history = run.get("history")
   if not isinstance(history, dict):
     return "lacks the field 'history'"
-  for key in _HISTORY:
-    if not isinstance(history.get(key), list) or not history[key]:
-      return f"lacks the history {key!r}"
-  if len({len(history[k]) for k in _HISTORY}) != 1:
-    return "its histories differ in length"
+  problem = protocol.list_problem(history, _HISTORY, "its histories", numbers=_HISTORY)
+  if problem:
+    return problem
   try:
     record_identity(run)
   except KeyError as e:

@@ -69,6 +69,7 @@ from stiefax.experiments.lm.config import ARMS
 from stiefax.experiments.lm.config import PRESETS
 from stiefax.experiments.lm.config import SWEEP_RATES
 from stiefax.experiments.lm.config import LMConfig
+from stiefax.experiments.protocol import record_problem
 from stiefax.experiments.report import load_runs
 
 __all__ = ["help_text", "add_arguments", "resolve_config", "best_rate", "best_cell", "Job", "run"]
@@ -186,11 +187,12 @@ def _rates(text: str, flag: str = "--lr") -> list[float]:
   try:
     rates = [float(s) for s in text.split(",") if s.strip()]
   except ValueError:
-    raise CommandError(
-      f"{flag} {text!r} must be comma-separated numbers, 'best' or 'around'."
-    ) from None
+    words = "'best' or 'around'" if flag == "--lr" else "or 'best'"
+    raise CommandError(f"{flag} {text!r} must be comma-separated numbers, {words}.") from None
   if not rates or any(not (math.isfinite(r) and r > 0) for r in rates):
     raise CommandError(f"{flag} {text!r}: rates must be finite and > 0.")
+  for r in rates:  # the optimizers' range: a step that float32 can represent
+    flags.check_setting(flag, "learning_rate", r)
   return list(dict.fromkeys(rates))
 
 
@@ -312,10 +314,22 @@ def _setting_runs(
 ) -> list[dict]:
   """The finished runs of ``arm`` in ``out`` whose configuration is ``config``'s but
   for the AdamW and frame rates."""
-  groups, _ = load_runs(out) if out.is_dir() else ({}, [])
+  groups, warnings = load_runs(out) if out.is_dir() else ({}, [])
+  _warn(warnings)
   ref = runs_lib.run_config(ARMS[arm], config, facts, preset)
   same = lambda c: {k: v for k, v in c.items() if k not in ("adamw_lr", "frame_lr", "matrix_lr")}
   return [r for r in groups.get("lm", []) if r["arm"] == arm and same(r["config"]) == same(ref)]
+
+
+_WARNED: set = set()
+
+
+def _warn(warnings: list) -> None:
+  """Prints each line of ``warnings`` (the run files skipped) once per process."""
+  for w in warnings:
+    if w not in _WARNED:
+      _WARNED.add(w)
+      print(f"stiefax lm: warning: {w}", file=sys.stderr, flush=True)
 
 
 def best_cell(
@@ -362,7 +376,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[LMConfig, list[str], list[
   if args.batch is not None:
     changes["batch"] = args.batch
   if args.max_norm is not None:
-    changes["max_norm"] = args.max_norm
+    changes["max_norm"] = flags.check_setting("--max-norm", "max_norm", args.max_norm)
   config = dataclasses.replace(base, **changes)
   try:
     config.check()
@@ -423,8 +437,13 @@ def run(args: argparse.Namespace) -> int:
   An unfinished run keeps an Orbax checkpoint in ``<run>.ckpt`` (every
   ``--checkpoint-every`` steps and on Ctrl-C or SIGTERM); the same command resumes it.
   """
-  if not str(args.out).strip():
-    raise CommandError("--out is empty; give a directory for the run files.")
+  for flag, given in (
+    ("--out", args.out),
+    ("--reuse", args.reuse),
+    ("--cells-from", args.cells_from),
+  ):
+    if given is not None and not str(given).strip():  # '' would mean the current folder
+      raise CommandError(f"{flag} is empty; name a folder (e.g. {flag} runs).")
   out = writable_dir(args.out, "--out")
   facts = data_lib.load().facts
   src = out if args.cells_from is None else pathlib.Path(args.cells_from)
@@ -554,9 +573,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _reuse(job: Job, source: pathlib.Path) -> Optional[dict]:
-  """Copies ``job``'s finished run from ``source`` into its place, if there is one."""
-  found, _ = store.finished_run(source / job.path.name, job.same)
+  """Copies ``job``'s finished run from ``source`` into its place, if there is a valid
+  one (:func:`stiefax.experiments.protocol.record_problem`); an invalid one is skipped
+  with one line."""
+  found, problem = store.finished_run(source / job.path.name, job.same, record_problem)
   if found is None:
+    if problem:
+      _warn([f"--reuse: skipped {source / job.path.name}: {problem}"])
     return None
   try:
     store.write_json(job.path, found)

@@ -31,6 +31,7 @@ import numpy as np
 
 from stiefax.experiments import stats
 from stiefax.experiments.lm.config import SWEEP_RATES
+from stiefax.experiments.lm.runs import best_of
 from stiefax.experiments.lm.runs import by_rate
 from stiefax.experiments.lm.runs import loss_of
 from stiefax.experiments.lm.runs import select_rate
@@ -147,14 +148,14 @@ def select_cell(
   runs: Iterable[dict], wanted: Sequence[Cell], seeds: Sequence[int] = SELECTION_SEEDS
 ) -> Optional[Cell]:
   """The cell of ``wanted`` with the lowest mean validation loss over ``seeds`` (the
-  selection seeds; ties: smaller AdamW rate, then smaller frame rate); None while a
-  cell lacks one of them. ``runs`` are one arm's runs of one setting."""
+  selection seeds; ties: smaller AdamW rate, then smaller frame rate; a mean that is
+  not finite is never chosen); None while a cell lacks one of them. ``runs`` are one arm's runs of one setting."""
   runs = list(runs)
   if missing(runs, wanted, seeds):
     return None
   by = {(cell_of(r), r["seed"]): r for r in runs}
   means = {c: float(np.mean([_val(by[(c, s)]) for s in seeds])) for c in wanted}
-  return min(means, key=lambda c: (means[c], c))
+  return best_of(means)
 
 
 def _arm_mean(runs: Sequence[dict], arm: str, frame_best: float) -> Optional[tuple[float, Cell]]:

@@ -19,6 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
+from stiefax.experiments import protocol
 from stiefax.experiments import store
 from stiefax.experiments.arms import Arm
 from stiefax.experiments.lm.config import PRESETS
@@ -32,6 +33,7 @@ __all__ = [
   "by_rate",
   "sweep_runs",
   "select_rate",
+  "best_of",
   "sensitivity",
   "arm_definition",
   "run_config",
@@ -39,6 +41,7 @@ __all__ = [
   "run_name",
   "run_key",
   "check_run",
+  "diverged",
   "run_command",
 ]
 
@@ -111,16 +114,90 @@ def run_key(run: dict) -> tuple:
   return (run["arm"], store.digest(run_identity(run["config"])), run["seed"])
 
 
+#: The history a run file must hold: non-empty lists of numbers, one per evaluation.
+_HISTORY = ("step", "val_bpb", "max_logit")
+
+#: The sizes of a run's configuration that the report and the rerun command read.
+_SIZES = (
+  "steps",
+  "eval_every",
+  "batch",
+  "d_model",
+  "depth",
+  "heads",
+  "kv_heads",
+  "head_dim",
+  "seq",
+)
+
+#: The metrics the commands and the report read: (key, must be finite, may be None;
+#: None: may be None or absent).
+_METRICS = (
+  ("init_val_bpb", True, False),
+  ("val_bpb", False, False),
+  ("test_bpb", False, False),
+  ("max_logit_max", False, False),
+  ("entropy", False, False),
+  ("isometry", False, False),
+  ("tokens_per_second", False, None),
+  ("frame_lr", False, True),
+)
+
+
 def check_run(run: dict) -> Any:
-  """Why ``run`` cannot be reported (None if it can)."""
-  cfg = run.get("config", {})
-  for key in ("adamw_lr", "preset", "arm", "steps"):
-    if key not in cfg:
-      return f"its config lacks {key!r}"
-  for key in ("val_bpb", "test_bpb", "init_val_bpb", "diverged"):
-    if key not in run.get("metrics", {}):
-      return f"its metrics lack {key!r}"
-  return None
+  """Why ``run`` cannot be read by the command or the report (None if it can).
+
+  By type, every field they read: the config's rates (finite, the AdamW rate > 0),
+  preset, sizes (:data:`_SIZES`, integers > 0), corpus and arm; the metrics (the loss at init finite; NaN or infinite final
+  losses are a diverged run's, :func:`diverged`); ``diverged`` a bool; the history's
+  ``step``, ``val_bpb`` and ``max_logit`` lists of numbers of one length, the other
+  history entries lists of that length too.
+  """
+  cfg, m, where = run["config"], run["metrics"], "its config"
+  for key in _SIZES:
+    problem = protocol.number_problem(cfg, key, where, positive=True, integer=True)
+    if problem:
+      return problem
+  corpus = cfg.get("corpus")
+  if not isinstance(corpus, dict) or not isinstance(corpus.get("python"), str):
+    return "its config lacks the corpus's string 'python'"
+  problem = protocol.number_problem(corpus, "train_bytes", "its corpus facts", integer=True)
+  if problem:
+    return problem
+  for key in ("adamw_lr", "frame_lr", "max_norm"):
+    problem = protocol.number_problem(cfg, key, where, finite=True, positive=key == "adamw_lr")
+    if problem:
+      return problem
+  if not isinstance(cfg.get("preset"), str):
+    return "its config lacks the string 'preset'"
+  arm = cfg.get("arm")
+  if not isinstance(arm, dict) or not isinstance(arm.get("rule"), str):
+    return "its config lacks the arm's 'rule'"
+  if not isinstance(arm.get("frozen"), bool):
+    return "its config's arm lacks the bool 'frozen'"
+  if not isinstance(m.get("diverged"), bool):
+    return "its metrics lack the bool 'diverged'"
+  for key, finite, none in _METRICS:
+    problem = protocol.number_problem(
+      m, key, "its metrics", finite=finite, none=none is not False, optional=none is None
+    )
+    if problem:
+      return problem
+  history = run.get("history")
+  if not isinstance(history, dict):
+    return "lacks the field 'history'"
+  problem = protocol.list_problem(history, _HISTORY, "its histories", numbers=_HISTORY)
+  if problem:
+    return problem
+  rest = [k for k, v in history.items() if k not in _HISTORY]
+  return protocol.list_problem(history, rest, "its histories", length=len(history["step"]))
+
+
+def diverged(run: dict) -> bool:
+  """Whether ``run`` diverged: recorded so, or its final validation loss not finite."""
+  m = run["metrics"]
+  v = m.get("val_bpb")
+  return bool(m["diverged"]) or v is None or not math.isfinite(v)
 
 
 def run_command(arm: str, cfg: dict, seed: int, out: Any) -> str:
@@ -147,6 +224,8 @@ def loss_of(run: dict, key: str = "val_bpb") -> float:
   """``min(loss, loss at init)``; a diverged run's loss is its loss at init."""
   m = run["metrics"]
   init = m["init_val_bpb"]
+  if not math.isfinite(init):  # a run no selection may choose
+    return math.inf
   v = m.get(key)
   if m["diverged"] or v is None or not math.isfinite(v):
     return init
@@ -174,7 +253,8 @@ def sweep_runs(runs: Sequence[dict]) -> list[dict]:
 
 def select_rate(runs: Sequence[dict]) -> Optional[float]:
   """The rate of ``runs`` (one arm, one setting) with the lowest mean validation loss
-  over the seeds every rate has; ties go to the smaller rate."""
+  over the seeds every rate has; ties go to the smaller rate, and a rate whose mean is
+  not finite is never chosen (:func:`best_of`)."""
   rates = by_rate(runs)
   if not rates:
     return None
@@ -182,7 +262,14 @@ def select_rate(runs: Sequence[dict]) -> Optional[float]:
   if not common:
     return None
   means = {lr: np.mean([loss_of(seeds[s]) for s in common]) for lr, seeds in rates.items()}
-  return min(means, key=lambda lr: (means[lr], lr))
+  return best_of(means)
+
+
+def best_of(means: dict) -> Any:
+  """The key of ``means`` with the lowest finite mean loss (ties: the smaller key);
+  NaN and infinite means are never chosen (None when no mean is finite)."""
+  finite = {k: float(v) for k, v in means.items() if math.isfinite(v)}
+  return min(finite, key=lambda k: (finite[k], k)) if finite else None
 
 
 def sensitivity(runs: Sequence[dict]) -> float:

@@ -34,6 +34,7 @@ from stiefax.experiments import stats
 from stiefax.experiments.lm import fair
 from stiefax.experiments.lm.config import ARMS
 from stiefax.experiments.lm.runs import by_rate as _by_rate
+from stiefax.experiments.lm.runs import diverged
 from stiefax.experiments.lm.runs import loss_of
 from stiefax.experiments.lm.runs import select_rate
 from stiefax.experiments.lm.runs import sensitivity
@@ -87,14 +88,14 @@ def _sweep_tables(by_arm: dict) -> list[str]:
         logit_cells.append("-")
         entropy_cells.append("-")
         continue
-      div = sum(bool(r["metrics"]["diverged"]) for r in seeds.values())
+      div = sum(diverged(r) for r in seeds.values())
       mean = np.mean([loss_of(r) for r in seeds.values()])
       cells.append(f"{mean:.3f}" + (f" ({div}/{len(seeds)} div)" if div else ""))
       logits = [r["metrics"]["max_logit_max"] for r in seeds.values()]
       logit_cells.append(
         num(float(np.nanmax(logits)) if np.isfinite(logits).any() else None, ".1f")
       )
-      ents = [r["metrics"].get("entropy") for r in seeds.values() if not r["metrics"]["diverged"]]
+      ents = [r["metrics"].get("entropy") for r in seeds.values() if not diverged(r)]
       ents = [e for e in ents if e is not None and math.isfinite(e)]
       entropy_cells.append(num(float(np.mean(ents)) if ents else None, ".2f"))
     n = min(len(s) for s in by_rate.values())
@@ -285,7 +286,7 @@ def _plots(by_arm: dict, chosen: dict, out_dir: pathlib.Path, stem: str) -> list
     fig, ax = plt.subplots(figsize=(6, 4))
     curves: list[np.ndarray] = []
     for i, (arm, seeds) in enumerate(chosen.items()):
-      hs = [r["history"] for r in seeds.values() if not r["metrics"]["diverged"]]
+      hs = [r["history"] for r in seeds.values() if not diverged(r)]
       if hs:
         n = min(len(h["val_bpb"]) for h in hs)
         curve = np.asarray(np.mean([h["val_bpb"][:n] for h in hs], axis=0))
@@ -352,8 +353,8 @@ def summary(records: Sequence[dict]) -> str:
         f"{r['config']['adamw_lr']:g}",
         num(m.get("frame_lr"), "g"),
         str(r["seed"]),
-        "diverged" if m["diverged"] else f"{m['val_bpb']:.4f}",
-        "-" if m["diverged"] else f"{m['test_bpb']:.4f}",
+        "diverged" if diverged(r) else f"{m['val_bpb']:.4f}",
+        "-" if diverged(r) else num(m["test_bpb"], ".4f"),
         num(m["max_logit_max"], ".1f"),
         num(m["entropy"], ".2f"),
         num(m["isometry"], ".1e"),
@@ -385,7 +386,7 @@ def _words(records: Sequence[dict]) -> str:
   A run is named by its arm, and also by its AdamW rate, its frame rate and its seed
   where the runs span several of them, so no two runs read alike.
   """
-  ok = [r for r in records if not r["metrics"]["diverged"]]
+  ok = [r for r in records if not diverged(r)]
   if len(ok) < 2:
     return ""
   parts = {

@@ -39,6 +39,7 @@ import stiefax
 from stiefax.experiments import attention
 from stiefax.experiments import optim
 from stiefax.experiments.arms import Arm
+from stiefax.experiments.checkpoints import meta_problem
 from stiefax.experiments.lm import data as data_lib
 from stiefax.experiments.lm.config import LMConfig
 from stiefax.experiments.lm.config import frame_rate
@@ -284,6 +285,9 @@ _HISTORY = (
   "cap_fraction",
 )
 
+#: History entries every checkpoint holds (the others are filled in on resuming).
+_RESUMED = ("step", "train_bpb", "val_bpb", "max_logit")
+
 #: History entries that a diverged chunk records as NaN (the others as None).
 _NUMERIC = ("val_bpb", "max_logit", "entropy", "isometry", "lr_adamw")
 
@@ -336,12 +340,10 @@ def train(
   step, earlier_wall, resumed_from, diverged = 0, 0.0, None, False
   latest = checkpoints.latest_epoch() if checkpoints is not None else None
   if latest is not None:
-    variables, opt_state, meta = checkpoints.restore(latest, variables, opt_state)
-    if meta.get("seed") != seed or meta.get("step") != latest:
-      raise ValueError(
-        f"checkpoint {checkpoints.directory} holds seed {meta.get('seed')} at step"
-        f" {meta.get('step')}, not seed {seed} at {latest}"
-      )
+    fits = functools.partial(
+      meta_problem, seed=seed, step=latest, step_key="step", history=_RESUMED
+    )
+    variables, opt_state, meta = checkpoints.restore(latest, variables, opt_state, fits)
     hist, earlier_wall, step = meta["history"], float(meta["wall_time"]), latest
     for k in _HISTORY:  # a checkpoint written before an entry existed
       hist.setdefault(k, [None] * len(hist["step"]))

@@ -41,6 +41,7 @@ from stiefax.experiments.patches.config import arm_by_name
 from stiefax.experiments.patches.config import arm_hparams
 from stiefax.experiments.patches.training import Trainer
 from stiefax.experiments.patches.training import train
+from stiefax.experiments.protocol import record_problem
 
 __all__ = ["Context", "PROTOCOL_FNS", "arm_map", "make_setting"]
 
@@ -153,7 +154,8 @@ def _finished(ctx: Context, path: pathlib.Path, cfg: dict) -> Optional[dict]:
   if ctx.args.force:
     return None
   ident = runs.run_identity(cfg)
-  done, _ = store.finished_run(path, lambda old: runs.run_identity(old["config"]) == ident)
+  same = lambda old: runs.run_identity(old["config"]) == ident
+  done, _ = store.finished_run(path, same, lambda r: record_problem(r, EXPERIMENT))
   return done
 
 

@@ -19,6 +19,7 @@ from stiefax.experiments import store
 from stiefax.experiments.arms import Arm
 from stiefax.experiments.patches.config import Setting
 from stiefax.experiments.patches.config import frame_init
+from stiefax.experiments.protocol import number_problem
 
 __all__ = [
   "DataFacts",
@@ -156,12 +157,17 @@ def run_key(run: dict) -> tuple:
 
 
 def check_run(run: dict) -> Optional[str]:
-  """What a run lacks for the report (``None`` if nothing); see ``stiefax report``."""
-  if "protocol" not in run["config"]:
-    return "its config lacks 'protocol'"
+  """What a run lacks for the report (``None`` if nothing); see ``stiefax report``.
+
+  By type: the config's string ``protocol``; the metrics ``test_acc`` (a number or None),
+  ``isometry`` and ``wall_per_epoch`` (numbers).
+  """
+  if not isinstance(run["config"].get("protocol"), str):
+    return "its config lacks the string 'protocol'"
   for key in ("test_acc", "isometry", "wall_per_epoch"):
-    if key not in run["metrics"]:
-      return f"its metrics lack {key!r}"
+    problem = number_problem(run["metrics"], key, "its metrics", none=key == "test_acc")
+    if problem:
+      return problem
   return None
 
 
