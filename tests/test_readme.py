@@ -227,7 +227,7 @@ def test_the_language_model_sentences(readme):
 def test_the_second_language_model_study_sentence(readme):
   """Study 2 (results/lm-fair, the small model): every Stiefel arm at its best cell is
   worse than QK-norm at its best rate, by the span the README gives, on 6 paired seeds
-  with both intervals agreeing; QK-norm and AdamW end level."""
+  with both intervals agreeing; QK-norm and AdamW show no difference."""
   from stiefax.experiments import stats  # pylint: disable=g-import-not-at-top
   from stiefax.experiments.lm import fair  # pylint: disable=g-import-not-at-top
   from stiefax.experiments.lm.runs import loss_of  # pylint: disable=g-import-not-at-top
@@ -259,7 +259,7 @@ def test_the_second_language_model_study_sentence(readme):
     f" above QK-norm at its best setting (6 paired seeds each)" in readme
   )
   assert contrast("A2-qknorm", "A2").verdict == "no difference"  # "end level"
-  assert "QK-norm and AdamW, tuned on a finer grid, end level" in readme
+  assert "QK-norm and AdamW, tuned on a finer grid, show no difference (not shown equal)" in readme
 
 
 def test_the_grokking_sentences(readme):
@@ -327,6 +327,9 @@ def test_the_larger_language_model_sentence(readme):
   assert warnings == []
   large = [r for r in groups["lm"] if r["config"]["preset"] == fair.LARGE_PRESET]
   best = fair.best_cells(large)
+  for arm, cell in best.items():  # every larger-model best at its grid's lowest rate
+    assert cell[0] == min(fair.cell_of(r)[0] for r in large if r["arm"] == arm), arm
+  assert "every best rate of the larger model is the lowest of its grid" in readme
 
   def losses(arm):
     at = [r for r in large if r["arm"] == arm and fair.cell_of(r) == best[arm]]
