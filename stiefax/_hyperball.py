@@ -117,6 +117,12 @@ def matrix_labels(params: optax.Params) -> Any:
     >>> matrix_labels({"embedder": {"input_embedding": jnp.zeros((256, 8))},
     ...                "mlp": {"linear": {"w": jnp.zeros((16, 8))}, "scale": jnp.zeros(8)}})
     {'embedder': {'input_embedding': 'adamw'}, 'mlp': {'linear': {'w': 'hyperball'}, 'scale': 'adamw'}}
+
+  Args:
+    params: a parameter tree.
+
+  Returns:
+    A label tree with the structure of ``params``.
   """
 
   def label(path: Any, leaf: Any) -> str:
@@ -398,7 +404,9 @@ def adamh(
   Args:
     learning_rate: ``eta`` of the matrices, a float or a schedule.
     rest_learning_rate: AdamW's rate on everything else (default ``learning_rate``).
-    b1, b2, eps: Adam's (both parts).
+    b1: Adam's first-moment decay (both parts).
+    b2: Adam's second-moment decay (both parts).
+    eps: Adam's eps (both parts).
     weight_decay: AdamW's decoupled decay on the rest (rank >= 2 leaves: embeddings).
     radius: ``None`` (each matrix keeps its initial norm) or every matrix's ``R``.
     frames: which entries form one matrix (:func:`hyperball`).
@@ -436,6 +444,12 @@ def muon_dimension_numbers(frames: Any = None) -> Callable[[optax.Params], Any]:
     >>> from stiefax.layouts import muon_dimension_numbers
     >>> muon_dimension_numbers()({"kv_einsum": {"w": jnp.zeros((2, 4, 64, 16))}})
     {'kv_einsum': {'w': MuonDimensionNumbers(reduction_axis=2, output_axis=(1, 3))}}
+
+  Args:
+    frames: which entries form one matrix (``None``: :func:`matrix_frames`).
+
+  Returns:
+    A callable ``params -> tree of optax.contrib.MuonDimensionNumbers``.
   """
 
   def dims(params: optax.Params) -> Any:
@@ -501,7 +515,9 @@ def muonh(
     beta: Muon's momentum decay.
     ns_steps: Newton-Schulz iterations.
     nesterov: Nesterov momentum in Muon.
-    b1, b2, eps: AdamW's, on the rest.
+    b1: AdamW's first-moment decay, on the rest.
+    b2: AdamW's second-moment decay, on the rest.
+    eps: AdamW's eps, on the rest.
     weight_decay: AdamW's decoupled decay on the rest (rank >= 2 leaves).
     radius: ``None`` (each matrix keeps its initial norm) or every matrix's ``R``.
     frames: which entries form one matrix.

@@ -419,6 +419,19 @@ def hyperball_adam(*args: Any, **kwargs: Any) -> optax.GradientTransformation:
   The name suggested the published Hyperball, which is :func:`stiefax.hyperball`
   (with :func:`stiefax.adamh` and :func:`stiefax.muonh`); this is the Riemannian
   sphere Adam, :func:`sphere_adam`, with the same arguments.
+
+  Example:
+    >>> import warnings, stiefax
+    >>> with warnings.catch_warnings():
+    ...   warnings.simplefilter("ignore", DeprecationWarning)
+    ...   tx = stiefax.sphere.hyperball_adam(1.0)   # stiefax.sphere.sphere_adam(1.0)
+
+  Args:
+    *args: the positional arguments of :func:`sphere_adam`.
+    **kwargs: its keyword arguments.
+
+  Returns:
+    ``sphere_adam(*args, **kwargs)``.
   """
   warnings.warn(
     "stiefax.sphere.hyperball_adam is deprecated: it is the Riemannian sphere Adam, now"
