@@ -63,14 +63,24 @@ def test_decay_mask_is_rank_two_and_up():
 @pytest.mark.parametrize("name", list(arms.ARMS))
 def test_every_arm_builds_a_working_optimizer(name):
   arm = arms.ARMS[name]
-  h = optim.Hyper(adamw_lr=1e-2, frame_lr=0.05 if arm.frames == "muon" else 0.1, weight_decay=0.5)
+  h = optim.Hyper(
+    adamw_lr=1e-2,
+    frame_lr=0.05 if arm.frames == "muon" else 0.1,
+    weight_decay=0.5,
+    matrix_lr=0.02,
+  )
   tx = optim.make_optimizer(arm, h)
   params = _params()
   # Zero gradient: only decoupled decay acts, -lr * wd * w, on the rank >= 2 non-frames.
   zero = jax.tree.map(jnp.zeros_like, params)
   u, _ = tx.update(zero, tx.init(params), params)
   w, u = params["params"], u["params"]
-  np.testing.assert_allclose(u["dense"]["kernel"], -1e-2 * 0.5 * w["dense"]["kernel"], rtol=1e-5)
+  if arm.matrices == "adamw":
+    np.testing.assert_allclose(u["dense"]["kernel"], -1e-2 * 0.5 * w["dense"]["kernel"], rtol=1e-5)
+  elif arm.matrices == "muon":  # Muon's own decoupled decay, at the matrix rate
+    np.testing.assert_allclose(u["dense"]["kernel"], -0.02 * 0.5 * w["dense"]["kernel"], rtol=1e-5)
+  else:  # the constant-norm rules have no decay: a zero gradient moves nothing
+    np.testing.assert_allclose(u["dense"]["kernel"], 0.0, atol=1e-8)
   np.testing.assert_allclose(u["dense"]["bias"], 0.0, atol=1e-8)
   # A gradient moves the frames (but for the zero rule) and the Stiefel rules keep them on St.
   grads = jax.tree.map(lambda x: jnp.full_like(x, 0.1), params)
@@ -80,3 +90,6 @@ def test_every_arm_builds_a_working_optimizer(name):
   assert (moved == 0.0) if arm.frames == "zero" else (moved > 1e-4)
   if arm.frames in ("riemannian_adam", "riemannian_sgd", "manifold_muon"):
     assert float(stiefax.diagnostics.isometry_error(new["attn"]["query"]["kernel"])) < 1e-5
+  if arm.matrices in ("adamh", "muonh", "sphere_adam"):  # each matrix keeps its norm
+    before, after = jnp.linalg.norm(w["dense"]["kernel"]), jnp.linalg.norm(new["dense"]["kernel"])
+    assert abs(float(after / before) - 1) < 1e-5
