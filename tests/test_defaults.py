@@ -167,6 +167,7 @@ MATRICES = {
   "hyperball": lambda t, **f: _step(stiefax.hyperball(optax.scale_by_adam(), 0.1, **f), t),
   "adamh": lambda t, **f: _step(stiefax.adamh(0.1, **f), t),
   "muonh": lambda t, **f: _step(stiefax.muonh(0.1, **f), t),
+  "muon_dimension_numbers": lambda t, **f: layouts.muon_dimension_numbers(**f)(t),
 }
 
 
