@@ -17,6 +17,9 @@ moves it; the sweep's tables (loss, sensitivity, logit, entropy) use those seeds
 so every point of the sweep rests on the same seeds. An arm that lacks some of the setting's rates (a sweep still running) gets
 no sensitivity and no best rate, and is left out of the best-rate comparison. A diverged run counts as its loss at init; so does a loss above it
 (``min(loss, loss at init)``, as Wortsman et al.).
+
+Runs of study 3 (an arm with a matrix rule among them, ``results/lm-norms``) get study
+3's own tables instead (:mod:`stiefax.experiments.lm.norms_tables`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import numpy as np
 from stiefax.experiments import report as report_lib
 from stiefax.experiments import stats
 from stiefax.experiments.lm import fair
+from stiefax.experiments.lm import norms_tables
 from stiefax.experiments.lm.config import ARMS
 from stiefax.experiments.lm.runs import by_rate as _by_rate
 from stiefax.experiments.lm.runs import diverged
@@ -44,7 +48,7 @@ from stiefax.experiments.report import table
 
 __all__ = ["report", "summary"]
 
-_ARM_FIELDS = ("adamw_lr", "arm", "frame_lr")
+_ARM_FIELDS = ("adamw_lr", "arm", "frame_lr", "matrix_lr")
 
 
 def _group_key(cfg: dict) -> str:
@@ -312,6 +316,8 @@ def report(runs: list[dict], out_dir: Optional[pathlib.Path]) -> str:
   runs = [r for r in runs if r.get("experiment") == "lm"]
   if not runs:
     return "lm: no runs"
+  if norms_tables.is_study3(runs):
+    return "\n".join(norms_tables.report(runs, out_dir)).rstrip() + "\n"
   groups: dict = {}
   for r in runs:
     groups.setdefault(_group_key(r["config"]), []).append(r)

@@ -1,0 +1,241 @@
+"""Study 3 of docs/lm.md: the bracketed grids, the larger model's arms and the report."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from stiefax.experiments import arms
+from stiefax.experiments import report as report_lib
+from stiefax.experiments.lm import command as lm_command
+from stiefax.experiments.lm import config as lm_config
+from stiefax.experiments.lm import data
+from stiefax.experiments.lm import norms
+from stiefax.experiments.lm import norms_tables
+from stiefax.experiments.lm import runs as lm_runs
+from stiefax.experiments.lm import tables
+from stiefax.experiments.store import write_json
+from tests import harness
+
+
+def _runs(rates, loss, seeds=norms.SELECTION_SEEDS, arm="AdamH"):
+  field = norms.swept(arm)
+  return [
+    {"arm": arm, "seed": s, "config": {field: x}, "metrics": _metrics(loss(x, s))}
+    for x in rates
+    for s in seeds
+  ]
+
+
+def _metrics(val):
+  return {"val_bpb": val, "init_val_bpb": 8.0, "diverged": False}
+
+
+def _bowl(target):
+  return lambda x, s: 1.8 + 0.01 * abs(math.log(x / target)) + 0.001 * s
+
+
+def test_a_grid_is_open_until_every_rate_has_both_selection_seeds():
+  begin = norms.start("AdamH", norms.SMALL_PRESET)
+  runs = _runs(begin, _bowl(1e-2))[:-1]  # the last rate lacks seed 1
+  assert norms.bracket(runs, begin) == (list(begin), False)
+  assert norms.best(runs, begin) is None
+
+
+def test_an_interior_best_ends_the_grid_where_it_began():
+  begin = norms.start("AdamH", norms.SMALL_PRESET)  # 3e-3, 1e-2, 3e-2
+  runs = _runs(begin, _bowl(1e-2))
+  assert norms.bracket(runs, begin) == ([3e-3, 1e-2, 3e-2], True)
+  assert norms.best(runs, begin) == (1e-2, False)
+
+
+def test_an_edge_best_adds_the_rate_x3_beyond_it_until_the_best_is_inside():
+  begin = norms.start("AdamH", norms.SMALL_PRESET)
+  loss = _bowl(1e-3)  # the best lies below the starting grid
+  rates, done = norms.bracket(_runs(begin, loss), begin)
+  assert (rates, done) == ([1e-3, 3e-3, 1e-2, 3e-2], False)  # 1e-3 has no runs yet
+  runs = _runs(rates, loss)
+  rates, done = norms.bracket(runs, begin)
+  assert (rates, done) == ([0.000333333, 1e-3, 3e-3, 1e-2, 3e-2], False)  # 1e-3 is the edge
+  runs = _runs(rates, loss)
+  assert norms.bracket(runs, begin) == ([0.000333333, 1e-3, 3e-3, 1e-2, 3e-2], True)
+  assert norms.best(runs, begin) == (1e-3, False)
+
+
+def test_an_edge_best_stops_after_the_limit_and_says_so():
+  begin = norms.start("AdamH", norms.SMALL_PRESET)
+  loss = _bowl(1e-9)  # far below: every extension still ends at the low edge
+  rates = list(begin)
+  for _ in range(norms.MAX_EXTENSIONS + 2):
+    rates = norms.bracket(_runs(rates, loss), begin)[0]
+  runs = _runs(rates, loss)
+  assert len(rates) == len(begin) + norms.MAX_EXTENSIONS
+  assert norms.bracket(runs, begin)[1] is True
+  assert norms.best(runs, begin) == (rates[0], True)
+
+
+def test_the_larger_grid_starts_at_the_small_best_and_x3_either_side():
+  assert norms.start("MuonH", norms.LARGE_PRESET, 0.01) == (0.00333333, 0.01, 0.03)
+  with pytest.raises(ValueError, match="small model's best"):
+    norms.start("MuonH", norms.LARGE_PRESET)
+
+
+def test_each_arm_sweeps_one_rate_and_fixes_the_others():
+  assert norms.swept("A2") == "adamw_lr" and norms.swept("B2") == "frame_lr"
+  assert norms.fixed("B2", 0.01) == {"adamw_lr": norms.B2_ADAMW_LR, "matrix_lr": 0.01}
+  assert norms.fixed("B2-H", 0.01) == {"adamw_lr": norms.REST_LR, "frame_lr": norms.B2H_FRAME_LR}
+  assert norms.fixed("AdamH", 0.01) == {"adamw_lr": norms.REST_LR, "frame_lr": 1.0}
+  with pytest.raises(ValueError, match="not an arm of study 3"):
+    norms.swept("B2-fold")
+
+
+# A synthetic study 3: each arm's loss is a bowl in log-rate around its target rate,
+# with its own offset; the larger model's targets are x3 lower for the Adam-based
+# matrix rules (their best moves one step), the same elsewhere.
+_SMALL_TARGET = {
+  "A2": 5.5e-3,
+  "A2-qknorm": 1e-2,
+  "B2": 0.1,
+  "AdamH": 1e-2,
+  "AdamH-qknorm": 1e-2,
+  "Muon": 1e-2,
+  "MuonH": 3e-2,
+  "B2-H": 1e-2,
+  "SphereAdam": 0.1,
+}
+_OFFSET = {"A2": 0.0, "A2-qknorm": -0.03, "AdamH": -0.035, "MuonH": -0.04, "AdamH-qknorm": -0.034}
+
+
+def _record(arm, preset, rate, seed, val):
+  cfg = lm_config.PRESETS[preset]
+  settings = {**norms.fixed(arm, cfg.matrix_lr), norms.swept(arm): rate}
+  c = dataclasses.replace(cfg, **settings)
+  rc = lm_runs.run_config(arms.ARMS[arm], c, data.load().facts, preset)
+  return harness.complete_lm_record(
+    {
+      "experiment": "lm",
+      "arm": arm,
+      "seed": seed,
+      "config": rc,
+      "wall_time": 300.0,
+      "metrics": {
+        "val_bpb": val,
+        "test_bpb": val + 0.01,
+        "init_val_bpb": 8.0,
+        "diverged": False,
+        "max_logit_max": 20.0,
+        "entropy": 1.5,
+        "isometry": 1e-7,
+      },
+    }
+  )
+
+
+def _target(arm, preset):
+  t = _SMALL_TARGET[arm]
+  return t / 3 if preset == norms.LARGE_PRESET and arm in ("AdamH", "AdamH-qknorm") else t
+
+
+def _fill(tmp_path, preset, arm_names, rng):
+  """Runs each arm's grid (seeds 0-1) until final, then seeds 2-5 at its best."""
+  out = {}
+  for arm in arm_names:
+    t = _target(arm, preset)
+    noise = {s: 0.002 * rng.standard_normal() for s in range(6)}
+
+    def val(x, s, arm=arm, t=t, noise=noise):
+      return 1.8 + _OFFSET.get(arm, 0.02) + 0.02 * abs(math.log(x / t)) + noise[s]
+
+    if preset == norms.LARGE_PRESET:
+      begin = norms.start(arm, preset, _SMALL_TARGET[arm])
+    else:
+      begin = norms.start(arm, preset)
+    runs: list = []
+    while True:
+      rates, done = norms.bracket(runs, begin)
+      if done:
+        break
+      have = {(norms.cell_of(r), r["seed"]) for r in runs}
+      for x in rates:
+        for s in norms.SELECTION_SEEDS:
+          if (x, s) not in have:
+            runs.append(_record(arm, preset, x, s, val(x, s)))
+    best = norms.best(runs, begin)[0]
+    runs += [_record(arm, preset, best, s, val(best, s)) for s in range(2, 6)]
+    for r in runs:
+      write_json(tmp_path / lm_runs.run_name(arm, r["config"], r["seed"]), r)
+    out[arm] = best
+  return out
+
+
+@pytest.fixture(scope="module")
+def study3(tmp_path_factory):
+  tmp_path = tmp_path_factory.mktemp("lm-norms")
+  rng = np.random.default_rng(0)
+  small = _fill(tmp_path, norms.SMALL_PRESET, norms.ARMS, rng)
+  return tmp_path, small, rng
+
+
+def test_the_larger_model_runs_a2_a2_qknorm_and_the_arms_near_the_best(study3):
+  folder, small, _ = study3
+  assert small == {a: pytest.approx(t) for a, t in _SMALL_TARGET.items()}
+  # MuonH is best (-0.04); AdamH (-0.035) and AdamH-qknorm (-0.034) are within 0.01.
+  names = lm_command.norms_large_arms(folder, data.load().facts)
+  assert names == ["A2", "A2-qknorm", "AdamH", "AdamH-qknorm", "MuonH"]
+  begin = lm_command.norms_begin("MuonH", norms.LARGE_PRESET, folder, folder, data.load().facts)
+  assert begin == (0.01, 0.03, 0.09)
+
+
+def test_the_report_of_a_whole_study_three(study3, tmp_path):
+  folder, _, rng = study3
+  import shutil
+
+  shutil.copytree(folder, tmp_path, dirs_exist_ok=True)
+  large_arms = ["A2", "A2-qknorm", "AdamH", "AdamH-qknorm", "MuonH"]
+  large = _fill(tmp_path, norms.LARGE_PRESET, large_arms, rng)
+  groups, warnings = report_lib.load_runs(tmp_path)
+  assert warnings == []
+  assert norms_tables.is_study3(groups["lm"])
+  by_model = norms_tables.grids(groups["lm"])
+  assert {a: g.best for a, g in by_model["large"].items()} == large
+  assert not any(g.at_edge for m in by_model.values() for g in m.values())
+  text = tables.report(groups["lm"], tmp_path / "plots")
+  small_part, large_part = text.split("study 3, the larger model")
+  grid = small_part.split("each arm's grid")[1].split("\n\n")[0]
+  rows = {ln.split()[0]: ln for ln in grid.splitlines()[3:]}
+  assert "0.01*: " in rows["AdamH"] and rows["AdamH"].endswith("final, best inside")
+  assert "0.03*: " in rows["MuonH"] and "0.09: " in rows["MuonH"]  # extended once above
+  budget = small_part.split("tuning budget")[1].split("\n\n")[0]
+  row = {ln.split()[0]: ln.split() for ln in budget.splitlines()[3:]}
+  assert row["MuonH"][1:5] == ["4", "0.003-0.09", "0", "/"] and row["MuonH"][5] == "1"
+  # 4 rates x 2 seeds + 4 seeds at the best, 300 s each.
+  assert row["MuonH"][6:] == ["8", "12", f"{12 * 300 / 3600:.2f}"]
+  against = small_part.split("against A2:")[1].split("\n\n")[0]
+  verdicts = {ln.split()[0]: ln for ln in against.splitlines()[3:]}
+  assert "(6)" in verdicts["MuonH"] and verdicts["MuonH"].endswith("better")
+  # The transfer: AdamH's best moved one x3 step down, MuonH's stayed.
+  transfer = large_part.split("transfer:")[1].split("\n\n")[0]
+  moved = {ln.split()[0]: ln.split() for ln in transfer.splitlines()[4:]}
+  assert moved["AdamH"][1:4] == ["0.01", "0.00333", "-1"]
+  assert moved["MuonH"][3] == "+0" and moved["MuonH"][-1] == "+0.0000"
+  gap = float(moved["AdamH"][-1])
+  assert gap == pytest.approx(0.02 * math.log(3), abs=0.006)  # one step up the bowl
+  assert (tmp_path / "plots" / "lm_norms_rates.png").stat().st_size > 0
+  assert (tmp_path / "plots" / "lm_norms_large_best_curves.png").stat().st_size > 0
+
+
+def test_an_open_grid_is_reported_as_open_and_other_settings_are_left_out(tmp_path):
+  for s in norms.SELECTION_SEEDS:
+    rec = _record("AdamH", norms.SMALL_PRESET, 1e-2, s, 1.8)
+    write_json(tmp_path / lm_runs.run_name("AdamH", rec["config"], s), rec)
+  other = _record("AdamH", norms.SMALL_PRESET, 3e-2, 0, 1.7)
+  other["config"]["adamw_lr"] = 1e-3  # not study 3's rest rate: another setting
+  write_json(tmp_path / "other.json", other)
+  groups, _ = report_lib.load_runs(tmp_path)
+  text = tables.report(groups["lm"], None)
+  grid = text.split("each arm's grid")[1].split("\n\n")[0]
+  assert "0.003: -; 0.01: 1.800; 0.03: -" in grid and grid.endswith("open")
+  assert "at its best rate" not in text
