@@ -49,6 +49,27 @@ def test_one_step_equals_the_papers_equation_in_float64(x64, rng):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
 
 
+@pytest.mark.parametrize("cos", [-0.9, -0.3, 0.0, 0.5, 0.95])
+@pytest.mark.parametrize("lr", [0.01, 0.2])
+def test_a_hyperball_steps_elr_keeps_the_inner_product_term(x64, rng, cos, lr):
+  """docs/covariance.md, "An AdamH step": with ``c = <W, u> / (||W|| ||u||)`` and
+  ``s = sqrt(1 - 2 eta c + eta^2)``, one step has radial part ``(1 - eta c)/s - 1``,
+  ELR ``eta sqrt(1 - c^2)/s`` and angle ``atan2(eta sqrt(1 - c^2), 1 - eta c)``,
+  whatever ``||W||`` and ``||u||``."""
+  w = rng.normal(size=(6, 4)) * 3.0
+  e = rng.normal(size=w.shape)
+  e -= np.sum(e * w) / np.sum(w * w) * w  # orthogonal to w
+  u = 7.0 * (cos * w / np.linalg.norm(w) + np.sqrt(1 - cos**2) * e / np.linalg.norm(e))
+  tx = stiefax.hyperball(optax.identity(), lr)  # the base's direction is the gradient
+  step, _ = tx.update(jnp.asarray(u), tx.init(jnp.asarray(w)), jnp.asarray(w))
+  got = stiefax.elr.effective_learning_rate(jnp.asarray(w), jnp.asarray(w) + step)
+  s = np.sqrt(1 - 2 * lr * cos + lr**2)
+  np.testing.assert_allclose(float(got.radial), (1 - lr * cos) / s - 1, rtol=1e-10, atol=1e-14)
+  np.testing.assert_allclose(float(got.tangential), lr * np.sqrt(1 - cos**2) / s, rtol=1e-10)
+  angle = np.arctan2(lr * np.sqrt(1 - cos**2), 1 - lr * cos)
+  np.testing.assert_allclose(float(got.angle), angle, rtol=1e-10)
+
+
 def test_per_head_frames_hold_each_head_at_its_norm(x64, rng):
   params = _params(rng, jnp.float64)
   grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape)), params)
