@@ -54,6 +54,15 @@ OPTIMIZERS = {
   "sgd": lambda: optax.sgd(1e-2),
   "hyperball": lambda: stiefax.sphere.sphere_adam(1.0, eps=0.0),
   "hyperball-absolute": lambda: stiefax.sphere.sphere_adam(1.0, eps=0.0, relative=False),
+  # The published Hyperball, one sphere per head frame, over Adam's and Muon's directions.
+  "adamh": lambda: stiefax.hyperball(optax.scale_by_adam(eps=0.0), 1e-2, frames=FrameSpec()),
+  "muonh": lambda: stiefax.hyperball(
+    optax.contrib.scale_by_muon(
+      eps=0.0, weight_dimension_numbers=stiefax.layouts.muon_dimension_numbers(FrameSpec())
+    ),
+    1e-2,
+    frames=FrameSpec(),
+  ),
 }
 
 # (optimizer, action, covariant?): each covariant claim has a failing control.
@@ -67,6 +76,12 @@ CLAIMS = [
   ("adamw", "rescale", False),
   ("hyperball", "rescale", True),
   ("hyperball-absolute", "rescale", False),
+  ("adamh", "rescale", True),
+  ("adamh", "loss", True),
+  ("adamh", "left", False),
+  ("muonh", "left", True),
+  ("muonh", "right", True),
+  ("muonh", "rescale", True),
 ]
 
 

@@ -69,6 +69,26 @@ OPTIMIZERS: dict[str, tuple[str, Callable[[], optax.GradientTransformation]]] = 
     lambda: optim.frame_rule(ARMS["B2-SGD"], optim.Hyper(frame_lr=0.02)),
   ),
   "hyperball": ("sphere_adam", lambda: stiefax.sphere.sphere_adam(1.0, eps=0.0)),
+  # The published Hyperball, one sphere per head frame (stiefax.hyperball).
+  "adamh": (
+    "hyperball over Adam",
+    lambda: stiefax.hyperball(
+      optax.scale_by_adam(eps=0.0), 1e-2, frames=stiefax.layouts.qk_frames()
+    ),
+  ),
+  "muonh": (
+    "hyperball over Muon",
+    lambda: stiefax.hyperball(
+      optax.contrib.scale_by_muon(
+        eps=0.0,
+        weight_dimension_numbers=stiefax.layouts.muon_dimension_numbers(
+          stiefax.layouts.qk_frames()
+        ),
+      ),
+      1e-2,
+      frames=stiefax.layouts.qk_frames(),
+    ),
+  ),
 }
 
 #: Optimizers whose points live on St(d, r).
