@@ -15,6 +15,7 @@ from stiefax.experiments.lm import command
 from stiefax.experiments.lm import config as lm_config
 from stiefax.experiments.lm import data
 from stiefax.experiments.lm import fair
+from stiefax.experiments.lm import fair_tables
 from stiefax.experiments.lm import runs as lm_runs
 from stiefax.experiments.lm import training
 from stiefax.experiments.lm.model import DecoderLM
@@ -354,14 +355,14 @@ def test_the_best_stiefel_arms_sweep_sits_beside_study_ones_rates(tmp_path):
   sweep(extra[1:], (0,))  # seed 1 of the other three still running
   small = report_lib.load_runs(tmp_path)[0]["lm"]
   assert fair.best_stiefel_arm(small) == "B2-fold"
-  text = "\n".join(fair.report(small))
+  text = "\n".join(fair_tables.report(small))
   rows = text.split("over study 1's sweep")[1].split("\n\n")[0].splitlines()[4:]
   row = {ln.split("  ")[0]: ln.split() for ln in rows}
   assert set(row) == {"A2", "A2-qknorm", "B2-fold, frame 0.3"}
   assert row["B2-fold, frame 0.3"][-3:] == ["(4/7", "rates)", "-"]
   sweep(extra[1:], (1,))
   small = report_lib.load_runs(tmp_path)[0]["lm"]
-  text = "\n".join(fair.report(small))
+  text = "\n".join(fair_tables.report(small))
   rows = text.split("over study 1's sweep")[1].split("\n\n")[0].splitlines()[4:]
   row = {ln.split("  ")[0]: ln.split() for ln in rows}
   mine = [r for r in small if r["arm"] == "B2-fold" and r["seed"] < 2 and fair.cell_of(r)[1] == 0.3]
@@ -456,7 +457,7 @@ def test_the_docs_quote_study_twos_report_on_the_small_model():
     seeds = {r["seed"] for r in small if r["arm"] == arm and fair.cell_of(r) == cell}
     assert seeds == set(range(6)), arm
   doc = (root / "docs/lm.md").read_text()
-  missing = [ln for ln in fair.report(small) if ln.strip() and ln not in doc]
+  missing = [ln for ln in fair_tables.report(small) if ln.strip() and ln not in doc]
   assert missing == [], missing
 
 
@@ -481,7 +482,7 @@ def test_the_docs_quote_study_twos_report_on_the_larger_model():
     assert r["arm"] in arms
     assert fair.cell_of(r) in fair.around(best_small[r["arm"]]), r["arm"]
   doc = (root / "docs/lm.md").read_text()
-  missing = [ln for ln in fair.report(large) if ln.strip() and ln not in doc]
+  missing = [ln for ln in fair_tables.report(large) if ln.strip() and ln not in doc]
   assert missing == [], missing
 
 

@@ -22,6 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from stiefax.experiments.lm.runs import loss_of
+from stiefax.experiments.lm.runs import round_rate
 
 __all__ = [
   "SMALL_PRESET",
@@ -85,10 +86,6 @@ _SMALL_START = {
 Cell = tuple[float, float, float]
 
 
-def _three(x: float) -> float:
-  return float(f"{x:.6g}")  # 3 x 1e-2 is 0.03, not 0.030000000000000002
-
-
 def swept(arm: str) -> str:
   """The configuration field ``arm`` sweeps: ``adamw_lr``, ``frame_lr`` or ``matrix_lr``."""
   if arm not in _SMALL_START:
@@ -114,7 +111,7 @@ def start(arm: str, preset: str, small_best: Optional[float] = None) -> tuple[fl
   if preset == LARGE_PRESET:
     if small_best is None:
       raise ValueError(f"{arm}: the larger model's grid needs the small model's best rate")
-    return (_three(small_best / 3), small_best, _three(small_best * 3))
+    return (round_rate(small_best / 3), small_best, round_rate(small_best * 3))
   return _SMALL_START[arm]
 
 
@@ -148,10 +145,10 @@ def bracket(runs: Iterable[dict], begin: Sequence[float]) -> tuple[list[float], 
       return rates, False
     top = min(means, key=lambda x: (means[x], x))
     if top == rates[0] and added["low"] < MAX_EXTENSIONS:
-      rates.insert(0, _three(rates[0] / 3))
+      rates.insert(0, round_rate(rates[0] / 3))
       added["low"] += 1
     elif top == rates[-1] and added["high"] < MAX_EXTENSIONS:
-      rates.append(_three(rates[-1] * 3))
+      rates.append(round_rate(rates[-1] * 3))
       added["high"] += 1
     else:
       return rates, True

@@ -31,6 +31,7 @@ _DEFAULT_FRAME_RATE = LMConfig().frame_lr
 __all__ = [
   "loss_of",
   "by_rate",
+  "round_rate",
   "sweep_runs",
   "select_rate",
   "best_of",
@@ -230,6 +231,12 @@ def loss_of(run: dict, key: str = "val_bpb") -> float:
   if m["diverged"] or v is None or not math.isfinite(v):
     return init
   return min(v, init)
+
+
+def round_rate(x: float) -> float:
+  """``x`` to six significant digits: a rate x3 or /3 of a grid's (``3 * 1e-2`` is
+  ``0.03``, not ``0.030000000000000002``), so run names and hashes stay the same."""
+  return float(f"{x:.6g}")
 
 
 def by_rate(runs: Sequence[dict]) -> dict:

@@ -35,6 +35,7 @@ import numpy as np
 from stiefax.experiments import report as report_lib
 from stiefax.experiments import stats
 from stiefax.experiments.lm import fair
+from stiefax.experiments.lm import fair_tables
 from stiefax.experiments.lm import norms_tables
 from stiefax.experiments.lm.config import ARMS
 from stiefax.experiments.lm.runs import by_rate as _by_rate
@@ -331,7 +332,7 @@ def report(runs: list[dict], out_dir: Optional[pathlib.Path]) -> str:
     lines.append(_title(group[0]["config"]))
     lines.append("")
     if study2:
-      lines += fair.report(group)
+      lines += fair_tables.report(group)
       if fair.is_large(group):
         continue
       lines.append("study 1's arms at study 1's frame rate, as study 1 reports them:")
