@@ -14,6 +14,7 @@ from stiefax.experiments.checkpoints import Checkpoints
 from stiefax.experiments.lm import config as lm_config
 from stiefax.experiments.lm import data
 from stiefax.experiments.lm import runs as lm_runs
+from stiefax.experiments.lm import sweep_tables
 from stiefax.experiments.lm import tables
 from stiefax.experiments.lm import training
 from stiefax.experiments.lm.model import DecoderLM
@@ -164,7 +165,7 @@ def test_rate_selection_and_sensitivity_follow_wortsman():
   means = [3.1, 2.6, 8.0]
   assert lm_runs.sensitivity(runs) == pytest.approx(np.mean(means) - min(means))
   assert lm_runs.sensitivity(runs) == lm_runs.sensitivity(runs[:6])
-  assert {r["seed"] for r in tables.sweep_runs(runs)} == {0, 1}
+  assert {r["seed"] for r in lm_runs.sweep_runs(runs)} == {0, 1}
   assert lm_runs.loss_of(runs[4]) == 8.0 and lm_runs.loss_of(runs[5]) == 8.0
 
 
@@ -199,14 +200,14 @@ def test_contrasts_pair_arms_at_their_own_best_rates():
     "B2": {s: _record("B2", 3e-3, s, 0, 1.85 + e) for s, e in enumerate(noise)},
     "frozen": {s: _record("frozen", 1e-2, s, 0, 1.85 + e / 2) for s, e in enumerate(noise[:3])},
   }
-  text = "\n".join(tables._contrast_table(chosen))
+  text = "\n".join(sweep_tables._contrast_table(chosen))
   (row,) = [line for line in text.splitlines() if line.startswith("B2 - A2-qknorm")]
   assert "+0.0500" in row and "0/6" in row and row.rstrip().endswith("worse")
   # 3 pairs: an interval, but too few seeds for a verdict; absent arms give no row.
   (row,) = [line for line in text.splitlines() if line.startswith("B2 - frozen")]
   assert " 3  " in row and "1/3" in row and row.rstrip().endswith("not settled")
   assert "A2-sigma" not in text
-  assert tables._contrast_table({"B2": chosen["B2"]}) == []
+  assert sweep_tables._contrast_table({"B2": chosen["B2"]}) == []
 
 
 @pytest.mark.slow

@@ -61,6 +61,7 @@ __all__ = [
   "tried_cells",
   "val_loss",
   "UNUSED_FRAME_RATE",
+  "STUDY1_FRAME_LR",
 ]
 
 Cell = tuple[float, float]  # (AdamW peak rate, frame peak rate)
@@ -90,6 +91,9 @@ E2_ARMS = ("B2-temp", "B2-fold", "B2-qknorm", "B2-diag")
 
 #: The frame rate recorded by the runs of arms without one (the preset's, unused).
 UNUSED_FRAME_RATE = 1.0
+
+#: Study 1's frame rate (its Riemannian rate, 1.0, the paper's).
+STUDY1_FRAME_LR = 1.0
 
 #: The presets of the small model (E1-E3) and of the larger model.
 SMALL_PRESET = "sweep"
@@ -240,7 +244,7 @@ def is_study2(runs: Sequence[dict]) -> bool:
   """Whether a setting's runs hold study 2's arms or frame rates, or its larger model."""
   return any(
     r["arm"] in NEW_ARMS
-    or (_own(r) and float(r["config"]["frame_lr"]) != 1.0)
+    or (_own(r) and float(r["config"]["frame_lr"]) != STUDY1_FRAME_LR)
     or r["config"]["preset"] == LARGE_PRESET
     for r in runs
   )

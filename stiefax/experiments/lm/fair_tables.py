@@ -24,6 +24,7 @@ from stiefax.experiments.lm.fair import E1_FRAME_RATES
 from stiefax.experiments.lm.fair import E2_ADAMW_RATES
 from stiefax.experiments.lm.fair import E2_ARMS
 from stiefax.experiments.lm.fair import SELECTION_SEEDS
+from stiefax.experiments.lm.fair import STUDY1_FRAME_LR
 from stiefax.experiments.lm.fair import UNUSED_FRAME_RATE
 from stiefax.experiments.lm.fair import Cell
 from stiefax.experiments.lm.fair import best_cells
@@ -35,6 +36,7 @@ from stiefax.experiments.lm.fair import tried_cells
 from stiefax.experiments.lm.fair import val_loss
 from stiefax.experiments.lm.runs import by_rate
 from stiefax.experiments.lm.runs import loss_of
+from stiefax.experiments.lm.runs import paired_loss_cells
 from stiefax.experiments.lm.runs import select_rate
 from stiefax.experiments.lm.runs import sensitivity
 from stiefax.experiments.report import num
@@ -53,7 +55,7 @@ CONTRASTS = (
   ("B2-qknorm", "B2"),
 )
 
-_STUDY1_B2 = (1e-2, 1.0)
+_STUDY1_B2 = (1e-2, STUDY1_FRAME_LR)
 
 
 def _test(run: dict) -> float:
@@ -126,23 +128,6 @@ def _grid_tables(by: dict, best: dict) -> list[str]:
   return lines
 
 
-def _verdict_words(p: stats.Paired) -> str:
-  return {"b > a": "worse", "b < a": "better"}.get(p.verdict, p.verdict)
-
-
-def _pair_cells(a: dict, b: dict) -> list[str]:
-  common = sorted(set(a) & set(b))
-  if len(common) < 2:
-    return ["-", "-", "-", "-"]
-  p = stats.paired([_test(a[s]) for s in common], [_test(b[s]) for s in common])
-  return [
-    f"{p.mean:+.4f} ({len(common)})",
-    f"[{p.t_low:+.4f}, {p.t_high:+.4f}]",
-    f"[{p.ci_low:+.4f}, {p.ci_high:+.4f}]",
-    _verdict_words(p),
-  ]
-
-
 def _bound_ratio(rs: Sequence[dict]) -> Optional[float]:
   """The largest logit seen over its certified bound, over evaluations and heads."""
   worst = None
@@ -172,8 +157,10 @@ def _best_tables(by: dict, best: dict) -> list[str]:
     mean, std = stats.summarize(list(test.values()))
     rs = list(seeds.values())
     m = [r["metrics"] for r in rs]
-    vs_a = _pair_cells(chosen.get("A2", {}), seeds) if arm != "A2" else ["-"] * 4
-    vs_q = _pair_cells(chosen.get("A2-qknorm", {}), seeds) if arm != "A2-qknorm" else ["-"] * 4
+    vs_a = paired_loss_cells(chosen.get("A2", {}), seeds) if arm != "A2" else ["-"] * 4
+    vs_q = (
+      paired_loss_cells(chosen.get("A2-qknorm", {}), seeds) if arm != "A2-qknorm" else ["-"] * 4
+    )
     cell = best.get(arm, _STUDY1_B2)
     where = f"{cell[0]:g}" + ("" if not arm.startswith("B2") else f" / {cell[1]:g}")
     rows.append(
@@ -206,7 +193,7 @@ def _best_tables(by: dict, best: dict) -> list[str]:
   pairs = (*((arm, "A2") for arm in chosen if arm != "A2"), *CONTRASTS)
   for arm_b, arm_a in dict.fromkeys(pairs):
     if arm_a in chosen and arm_b in chosen:
-      crow.append([f"{arm_b} - {arm_a}", *_pair_cells(chosen[arm_a], chosen[arm_b])])
+      crow.append([f"{arm_b} - {arm_a}", *paired_loss_cells(chosen[arm_a], chosen[arm_b])])
   if crow:
     lines += [
       "study 2, contrasts: test loss Δ = b - a, bits per byte ((n) paired seeds)",

@@ -45,6 +45,7 @@ from stiefax.experiments.lm.config import ARMS
 from stiefax.experiments.lm.config import PRESETS
 from stiefax.experiments.lm.runs import diverged
 from stiefax.experiments.lm.runs import loss_of
+from stiefax.experiments.lm.runs import paired_loss_cells
 from stiefax.experiments.lm.runs import run_config
 from stiefax.experiments.report import num
 from stiefax.experiments.report import table
@@ -252,29 +253,6 @@ def _best_seeds(g: Grid) -> dict:
   return {s: r for s, r in g.seeds_at(g.best).items() if s in VERDICT_SEEDS}
 
 
-def _pair(a: dict, b: dict) -> Optional[stats.Paired]:
-  common = sorted(set(a) & set(b))
-  if len(common) < 2:
-    return None
-  return stats.paired([_test(a[s]) for s in common], [_test(b[s]) for s in common])
-
-
-def _verdict(p: stats.Paired) -> str:
-  return {"b > a": "worse", "b < a": "better"}.get(p.verdict, p.verdict)
-
-
-def _pair_cells(p: Optional[stats.Paired]) -> list[str]:
-  if p is None:
-    return ["-"] * 4
-  t_ci = "-" if not math.isfinite(p.t_low) else f"[{p.t_low:+.4f}, {p.t_high:+.4f}]"
-  return [
-    f"{p.mean:+.4f} ({p.n})",
-    t_ci,
-    f"[{p.ci_low:+.4f}, {p.ci_high:+.4f}]",
-    _verdict(p),
-  ]
-
-
 def _best_tables(model: dict[str, Grid]) -> list[str]:
   chosen = {arm: _best_seeds(g) for arm, g in model.items() if g.best is not None}
   if not chosen:
@@ -303,7 +281,7 @@ def _best_tables(model: dict[str, Grid]) -> list[str]:
     if base not in chosen:
       continue
     crow = [
-      [f"{arm} - {base}", *_pair_cells(_pair(chosen[base], seeds))]
+      [f"{arm} - {base}", *paired_loss_cells(chosen[base], seeds)]
       for arm, seeds in chosen.items()
       if arm != base
     ]

@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from stiefax.experiments import protocol
+from stiefax.experiments import stats
 from stiefax.experiments import store
 from stiefax.experiments.arms import Arm
 from stiefax.experiments.lm.config import PRESETS
@@ -32,6 +33,8 @@ __all__ = [
   "loss_of",
   "by_rate",
   "round_rate",
+  "loss_verdict",
+  "paired_loss_cells",
   "sweep_runs",
   "select_rate",
   "best_of",
@@ -231,6 +234,30 @@ def loss_of(run: dict, key: str = "val_bpb") -> float:
   if m["diverged"] or v is None or not math.isfinite(v):
     return init
   return min(v, init)
+
+
+def loss_verdict(p: stats.Paired) -> str:
+  """The verdict of a paired loss difference ``b - a`` in words: ``"worse"`` (b's loss
+  is higher), ``"better"``, ``"no difference"`` or ``"not settled"``
+  (:func:`stiefax.experiments.stats.verdict`)."""
+  return {"b > a": "worse", "b < a": "better"}.get(p.verdict, p.verdict)
+
+
+def paired_loss_cells(a: dict, b: dict, key: str = "test_bpb") -> list[str]:
+  """``[Δ (n), t 95% CI, bootstrap 95% CI, verdict]`` of ``b - a`` in ``key`` (bits per
+  byte, :func:`loss_of`), paired by seed: ``a`` and ``b`` are ``{seed: run}``. Four
+  dashes below two shared seeds; a t interval that is not finite (no spread) is '-'."""
+  common = sorted(set(a) & set(b))
+  if len(common) < 2:
+    return ["-"] * 4
+  p = stats.paired([loss_of(a[s], key) for s in common], [loss_of(b[s], key) for s in common])
+  t_ci = "-" if not math.isfinite(p.t_low) else f"[{p.t_low:+.4f}, {p.t_high:+.4f}]"
+  return [
+    f"{p.mean:+.4f} ({len(common)})",
+    t_ci,
+    f"[{p.ci_low:+.4f}, {p.ci_high:+.4f}]",
+    loss_verdict(p),
+  ]
 
 
 def round_rate(x: float) -> float:
