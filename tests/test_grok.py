@@ -399,6 +399,7 @@ def test_report_dispatches_by_experiment(tmp_path, capsys):
   assert "nonexistent_thing: 1 run(s); no report" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_budgets_get_their_own_files_and_reruns_skip_finished_runs(
   tmp_path, tiny_preset, capsys, monkeypatch
 ):
@@ -471,6 +472,7 @@ def _counting_chunks(monkeypatch, interrupt_at=None, exc=None):
   return calls
 
 
+@pytest.mark.slow
 def test_sigint_leaves_a_run_that_resumes_to_the_same_result(
   tiny_runs, tmp_path, tiny_preset, monkeypatch, capsys
 ):
@@ -504,6 +506,7 @@ def test_sigint_leaves_a_run_that_resumes_to_the_same_result(
     ), k
 
 
+@pytest.mark.slow
 def test_a_crashed_run_resumes_from_its_last_periodic_checkpoint(
   tiny_runs, tmp_path, tiny_preset, monkeypatch
 ):

@@ -233,6 +233,7 @@ def test_the_command_trains_skips_and_reports(tmp_path, capsys):
   assert "nan" not in report  # one seed: no interval, shown as "-"
 
 
+@pytest.mark.slow
 def test_no_wait_leaves_a_held_run_to_its_process(tmp_path, capsys, monkeypatch):
   """With --no-wait the free run trains and the command ends with status 75 instead of
   waiting for the run another process holds."""

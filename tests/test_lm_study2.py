@@ -183,6 +183,7 @@ def test_frame_rate_reaches_only_arms_with_their_own_rule(tmp_path):
   assert "--frame-lr" not in lm_runs.run_command("B2", cfg, 0, tmp_path)
 
 
+@pytest.mark.slow
 def test_a_short_run_logs_study_twos_entries_and_keeps_frames_orthonormal():
   """Three steps of B2-fold, evaluated after each. At step 1, m_hat = xi and v_hat =
   |xi|^2, so |eta| = lr (eps aside): the logged cap ratio is lr / (tau sqrt(r))."""

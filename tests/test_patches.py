@@ -99,6 +99,7 @@ def test_non_frame_init_is_shared_across_arms():
       assert not np.allclose(x, z)  # another seed draws other weights
 
 
+@pytest.mark.slow
 def test_cli_paired_seeds_and_report(cifar, tmp_path, capsys):
   out = tmp_path / "runs"
   argv = [
@@ -182,6 +183,7 @@ def test_cli_paired_seeds_and_report(cifar, tmp_path, capsys):
   assert rerun["metrics"]["test_acc"] == rec["metrics"]["test_acc"]
 
 
+@pytest.mark.slow
 def test_digits_default_runs_end_to_end(tmp_path, capsys):
   out = tmp_path / "runs"
   argv = digits_argv(tmp_path, "--arms", "B2", "--seeds", "0", "--epochs", "6", "--n-train", "512")
@@ -208,6 +210,7 @@ def test_digits_default_runs_end_to_end(tmp_path, capsys):
   assert "moved the earlier" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_held_run_is_passed_over_until_every_free_run_is_trained(tmp_path, capsys, monkeypatch):
   """Another process holds an A2 selection run: this one trains frozen first, then waits."""
   from tests.harness import hold_runs  # pylint: disable=g-import-not-at-top
@@ -240,6 +243,7 @@ def test_a_held_run_is_passed_over_until_every_free_run_is_trained(tmp_path, cap
   assert not list(out.glob("*.lock"))
 
 
+@pytest.mark.slow
 def test_no_wait_leaves_a_held_run_to_its_process(tmp_path, capsys, monkeypatch):
   """With --no-wait the free run trains and the command ends with status 75 instead of
   waiting for the run another process holds (the study scripts' middle pass)."""

@@ -302,6 +302,7 @@ def test_the_run_counts(readme):
   assert f"{count('results/patches/optimizers')} on CIFAR-10" in readme
 
 
+@pytest.mark.slow
 def test_every_verdict_is_the_same_for_every_resample_seed(monkeypatch):
   """The report's text, verdicts and intervals included, does not move with the
   bootstrap's resample seed (exact enumeration up to 12 seeds)."""
