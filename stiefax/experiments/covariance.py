@@ -73,9 +73,7 @@ def _optimizer(name: str) -> optax.GradientTransformation:
     return optim.frame_rule(ARMS["B2-SGD"], optim.Hyper(frame_lr=0.02))
   # The published Hyperball, one sphere per head frame (stiefax.hyperball).
   if name == "adamh":
-    return stiefax.hyperball(
-      optax.scale_by_adam(eps=0.0), 1e-2, frames=stiefax.layouts.qk_frames()
-    )
+    return stiefax.hyperball(optax.scale_by_adam(eps=0.0), 1e-2, frames=stiefax.layouts.qk_frames())
   if name == "muonh":
     return stiefax.hyperball(
       optax.contrib.scale_by_muon(
