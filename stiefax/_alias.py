@@ -176,8 +176,8 @@ def riemannian_adam(
   parts.append(_retraction(frames, retraction, method, bound, init_tol))
   chain = optax.chain(*parts)
   if not fused or moment != "scalar":
-    return chain
-  return fused_scalar_adam(
+    return _checks.named_init(chain, "riemannian_adam")
+  fused_tx = fused_scalar_adam(
     chain,
     lr_tx,
     scheduled=callable(learning_rate),
@@ -192,6 +192,7 @@ def riemannian_adam(
     frames=frames,
     group_frames=group_frames,
   )
+  return _checks.named_init(fused_tx, "riemannian_adam")
 
 
 def _retraction(
@@ -243,11 +244,12 @@ def riemannian_sgd(
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
   _checks.check_hyperparams("riemannian_sgd", learning_rate=learning_rate, init_tol=init_tol)
-  return optax.chain(
+  chain = optax.chain(
     project(projector, frames=frames),
     optax.scale_by_learning_rate(learning_rate),
     _retraction(frames, retraction, method, init_tol=init_tol),
   )
+  return _checks.named_init(chain, "riemannian_sgd")
 
 
 class FramesAndRestState(NamedTuple):
@@ -589,7 +591,8 @@ def stiefel_adamw(
         "stiefax.stiefel_adamw: init was given no parameters (an empty tree); pass the"
         " model's parameters, with its query/key frames."
       )
-    return inner.init(params)
+    with _checks.called_as("stiefel_adamw"):
+      return inner.init(params)
 
   def update_fn(
     updates: optax.Updates,

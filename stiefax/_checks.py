@@ -8,12 +8,18 @@ eager for Python numbers (:func:`check_hyperparams`), in the update for traced o
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+import sys
 from typing import Any
 from typing import Callable
+from typing import Iterator
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import optax
 
 PARAMS_REQUIRED = (
   "stiefax.{name} needs the current point W: call"
@@ -29,6 +35,60 @@ WRONG_SHAPE = (
   " {param}. Pass updates with the structure and shapes of the params (gradients of"
   " the same tree the optimizer was initialized with)."
 )
+
+
+# The public function whose ``init`` is running: the outermost one, the function the
+# user called (``stiefel_adamw`` rather than the ``polar_retract`` inside it).
+_CALLER: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
+  "stiefax_caller", default=None
+)
+
+
+@contextlib.contextmanager
+def called_as(name: str) -> Iterator[None]:
+  """Within it, :func:`caller` is ``name``, unless an outer public function set it."""
+  token = _CALLER.set(name) if _CALLER.get() is None else None
+  try:
+    yield
+  finally:
+    if token is not None:
+      _CALLER.reset(token)
+
+
+def caller(default: str) -> str:
+  """The public function whose ``init`` is running, else ``default``: errors name it."""
+  return _CALLER.get() or default
+
+
+def named_init(tx: optax.GradientTransformation, name: str) -> optax.GradientTransformation:
+  """``tx`` whose ``init`` runs :func:`called_as` ``name``: its errors name ``name``."""
+  init = tx.init
+
+  def init_fn(params: optax.Params) -> optax.OptState:
+    with called_as(name):
+      return init(params)
+
+  return tx._replace(init=init_fn)
+
+
+# Modules whose frames a warning skips to reach the user's line.
+_LIBRARY_PREFIXES = ("stiefax.", "jax.", "jaxlib.", "optax.", "flax.", "contextlib")
+
+
+def user_stacklevel() -> int:
+  """The ``stacklevel`` that attributes a warning to the first caller outside stiefax,
+  JAX, Optax and Flax (the user's line), for a ``warnings.warn`` in the caller of this
+  function; the experiment harness counts as a user."""
+  frame = sys._getframe(1)
+  level = 1
+  while frame.f_back is not None:
+    name = str(frame.f_globals.get("__name__", ""))
+    library = name.startswith(_LIBRARY_PREFIXES) or name in ("stiefax", "jax", "optax")
+    if not library or name.startswith("stiefax.experiments"):
+      break
+    frame = frame.f_back
+    level += 1
+  return level
 
 
 def require_params(name: str, params: Any, updates: Any = None) -> None:

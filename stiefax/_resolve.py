@@ -17,16 +17,20 @@ from typing import Mapping
 from typing import Optional
 from typing import Sequence
 from typing import Union
+import warnings
 
 import jax
 import jax.numpy as jnp
 from jax.tree_util import KeyPath
 import optax
 
+from stiefax import _checks
 from stiefax._frames import FrameSpec
 from stiefax._layouts import EUCLIDEAN_LABEL
 from stiefax._layouts import STIEFEL_LABEL
+from stiefax._layouts import layout_of
 from stiefax._layouts import no_frames_message
+from stiefax._layouts import path_names
 from stiefax._layouts import qk_frames
 from stiefax._layouts import qk_labels
 
@@ -35,6 +39,8 @@ __all__ = [
   "LabelsLike",
   "resolve_frames",
   "checked_frames",
+  "warn_one_dense_frame",
+  "frames_argument",
   "resolve_labels",
   "checked_labels",
 ]
@@ -161,6 +167,111 @@ def checked_frames(frames: FramesLike, path: KeyPath, leaf: Any) -> FrameSpec:
     msg = str(e)
     raise ValueError(f"The parameter at {_where(path)}: {msg[0].lower()}{msg[1:]}") from None
   return spec
+
+
+def _dense_layout(path: KeyPath, leaf: Any) -> Any:
+  """The layout of a Dense query/key kernel (``q_proj``, ``k_proj``, ``c_attn``) at
+  ``path``, whose heads its shape does not show; ``None`` for any other leaf."""
+  layout = layout_of(path_names(path))
+  if layout is None or layout.rank != 2 or jnp.ndim(leaf) != 2:
+    return None
+  return layout
+
+
+def _same_view(a: FrameSpec, b: FrameSpec, shape: tuple[int, ...]) -> bool:
+  """Whether two specs read a parameter of ``shape`` as the same frames (a split
+  written with ``-1`` and one written in full are the same)."""
+  try:
+    split_a, split_b = a.split_shape(shape), b.split_shape(shape)
+  except ValueError:
+    return False
+
+  def split_axis(spec: FrameSpec) -> Optional[int]:
+    return None if spec.split is None else spec.split[0] % len(shape)
+
+  same_axes = (a.row_axis, a.col_axes, a.select) == (b.row_axis, b.col_axes, b.select)
+  return split_a == split_b and split_axis(a) == split_axis(b) and same_axes
+
+
+def warn_one_dense_frame(who: str, frames: FramesLike, path: KeyPath, leaf: Any) -> None:
+  """A one-line UserWarning when ``frames`` views a Dense per-head kernel as one frame.
+
+  A ``q_proj``, ``k_proj`` or ``c_attn`` kernel holds one frame per head side by side
+  (``(d_model, heads * head_dim)``); an explicit :class:`stiefax.FrameSpec` without a
+  ``split`` (``FrameSpec()``) makes all its columns one frame, which is right only for
+  a single head. ``qk_frames(head_dim=...)`` reads it per head.
+
+  Example:
+    >>> import warnings, jax, jax.numpy as jnp, stiefax
+    >>> from stiefax._resolve import warn_one_dense_frame
+    >>> path = (jax.tree_util.DictKey("q_proj"), jax.tree_util.DictKey("kernel"))
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...   warnings.simplefilter("always")
+    ...   warn_one_dense_frame("f", stiefax.FrameSpec(), path, jnp.zeros((8, 8)))
+    >>> str(caught[0].message)
+    'stiefax.f: frames=stiefax.FrameSpec(row_axis=0, col_axes=(-1,)) makes the kernel at ...'
+
+  Args:
+    who: the public function that warns (``stiefel_adamw``, ``project_params``, ...).
+    frames: the ``frames=`` argument.
+    path: the leaf's key path.
+    leaf: the array.
+  """
+  layout = _dense_layout(path, leaf)
+  if layout is None or frames is None:
+    return
+  spec = resolve_frames(frames, path, leaf)
+  if spec.split is not None:
+    return
+  given = f"stiefax.{frames!r}" if isinstance(frames, FrameSpec) else f"a callable giving {spec!r}"
+  warnings.warn(
+    f"stiefax.{who}: frames={given} makes the kernel at {'/'.join(path_names(path))}"
+    f" (shape {tuple(jnp.shape(leaf))}, {layout.shape} of {layout.family}) one frame of"
+    f" all its columns, not one frame per head; pass"
+    " frames=stiefax.layouts.qk_frames(head_dim=...) (num_heads=1 for a single head).",
+    UserWarning,
+    stacklevel=_checks.user_stacklevel(),
+  )
+
+
+def frames_argument(frames: FramesLike, path: KeyPath, leaf: Any, spec: FrameSpec) -> str:
+  """``, frames=...``: the argument that reads ``leaf`` as ``spec``, for a hint.
+
+  Empty when ``frames=None`` reads it so; ``qk_frames(head_dim=<r>)`` for a Dense
+  query/key kernel read per head; the spec itself when ``frames`` is one; otherwise a
+  pointer to the ``frames=`` that was given.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, stiefax
+    >>> from stiefax._resolve import frames_argument
+    >>> path = (jax.tree_util.DictKey("q_proj"), jax.tree_util.DictKey("kernel"))
+    >>> frames = stiefax.layouts.qk_frames(num_heads=4)
+    >>> w = jnp.zeros((64, 64))
+    >>> frames_argument(frames, path, w, frames(path, w))
+    ', frames=stiefax.layouts.qk_frames(head_dim=16)'
+
+  Args:
+    frames: the ``frames=`` argument that gave ``spec``.
+    path: the leaf's key path.
+    leaf: the array (or anything with a shape).
+    spec: the leaf's :class:`stiefax.FrameSpec`.
+
+  Returns:
+    The text, starting with ``", frames="``, or ``""``.
+  """
+  shape = tuple(jnp.shape(leaf))
+  if _dense_layout(path, leaf) is not None:
+    head_dim = spec.frame_shape(shape)[2]
+    if _same_view(qk_frames(head_dim=head_dim)(path, leaf), spec, shape):
+      return f", frames=stiefax.layouts.qk_frames(head_dim={head_dim})"
+  try:
+    if _same_view(resolve_frames(None, path, leaf), spec, shape):
+      return ""
+  except ValueError:
+    pass
+  if isinstance(frames, FrameSpec):
+    return f", frames=stiefax.{frames!r}"
+  return ", frames=<the frames= given to the optimizer>"
 
 
 # ----------------------------------------------------------------------------

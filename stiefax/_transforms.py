@@ -49,9 +49,12 @@ import optax
 from stiefax import _checks
 from stiefax import _routing
 from stiefax import geometry
+from stiefax._frames import FrameSpec
 from stiefax._matrix import POLAR_METHODS
 from stiefax._resolve import FramesLike
 from stiefax._resolve import checked_frames
+from stiefax._resolve import frames_argument
+from stiefax._resolve import warn_one_dense_frame
 from stiefax._routing import expand
 
 __all__ = [
@@ -73,10 +76,11 @@ PROJECTORS = tuple(geometry.PROJECTIONS)
 RETRACTIONS = ("polar", "qr", "cayley")
 
 _OFF_MANIFOLD = (
-  "stiefax.{name}.init: the parameter at {path} (shape {shape}, {dtype}) is not on"
-  " the Stiefel manifold: max|W^T W - I| = {err:.3g} > {tol:.3g}. Initialize it with"
-  " stiefax.flax.orthonormal_init(...) or snap pretrained weights with"
-  " stiefax.flax.project_params(params, labels) before building the optimizer state."
+  "stiefax.{name}: init was given the parameter at {path} (shape {shape}, {dtype}), which"
+  " is not on the Stiefel manifold: max|W^T W - I| = {err:.3g} > {tol:.3g}. Snap it onto"
+  " the manifold before init with params = stiefax.flax.project_params(params{frames})"
+  " (with the optimizer's labels= too, if it was given any), or initialize it with"
+  " stiefax.flax.orthonormal_init({init_frames})."
 )
 
 # ``max|W^T W - I|`` above which ``polar_retract.init`` rejects a concrete float32 or
@@ -443,15 +447,11 @@ def retract(
   return _retract(frames, retraction, method, step_bound, init_tol, name)
 
 
-def _check_on_manifold(
-  err: Any, *, name: str, path: str, shape: tuple[int, ...], dtype: str, tol: float
-) -> None:
+def _check_on_manifold(err: Any, *, tol: float, **message: Any) -> None:
   """The ValueError of ``init`` for a frame with ``max|W^T W - I| = err > tol``."""
   err = float(err)
   if not err <= tol:
-    raise ValueError(
-      _OFF_MANIFOLD.format(name=name, path=path, shape=shape, dtype=dtype, err=err, tol=tol)
-    )
+    raise ValueError(_OFF_MANIFOLD.format(err=err, tol=tol, **message))
 
 
 def _retract(
@@ -479,12 +479,15 @@ def _retract(
       spec = checked_frames(frames, path, w)
       skipped = _routing.zeros_per_frame(spec, w, jnp.int32)  # also validates the axes, r <= d
       tol = _init_tolerance(w.dtype) if init_tol is None else float(init_tol)
+      frames_arg = frames_argument(frames, path, w, spec)
       check = functools.partial(
         _check_on_manifold,
-        name=name,
+        name=who,
         path=jax.tree_util.keystr(path) or "<root>",
         shape=tuple(w.shape),
         dtype=jnp.dtype(w.dtype).name,
+        frames=frames_arg,
+        init_frames="" if spec == FrameSpec() else f"stiefax.{spec!r}",
         tol=tol,
       )
       if isinstance(w, jax.core.Tracer):
@@ -504,6 +507,9 @@ def _retract(
         check(float(np.max(np.abs(host_gram - np.eye(host_gram.shape[-1])), initial=0.0)))
       return skipped
 
+    who = _checks.caller(name)  # the function the user called, e.g. stiefel_adamw
+    for path, w in jax.tree_util.tree_flatten_with_path(params)[0]:
+      warn_one_dense_frame(who, frames, path, w)  # every leaf, before any error
     return PolarRetractState(jax.tree_util.tree_map_with_path(leaf, params))
 
   def update_fn(

@@ -6,6 +6,7 @@ nothing trained or written.
 
 import argparse
 import ast
+import itertools
 import os
 import pathlib
 import subprocess
@@ -139,10 +140,23 @@ def test_the_command_line_imports_no_jax_flax_or_optax():
   )
 
 
-# The modules that ``stiefax <command> --help`` imports: they import JAX, Orbax and the
-# training code inside the functions that run a command (``run``, ``hyper``), so that the
-# help is printed without them (test_command_help_imports_no_jax).
-HELP_MODULES = ("grok/command.py", "grok/config.py")
+# The modules that ``stiefax <command> --help`` imports: they import JAX, Orbax, SciPy,
+# Matplotlib, scikit-learn and the training code inside the functions that run a
+# command (``run``, ``hyper``, a statistic, a plot), so that the help is printed without
+# them (test_command_help_imports_no_jax).
+HELP_MODULES = (
+  "grok/command.py",
+  "grok/config.py",
+  "lm/command.py",
+  "lm/config.py",
+  "patches/command.py",
+  "patches/config.py",
+  "report.py",
+  "stats.py",
+  "certify.py",
+  "equivariance.py",
+  "covariance.py",
+)
 
 
 def test_experiment_modules_import_at_module_level():
@@ -167,23 +181,30 @@ def test_experiment_modules_import_at_module_level():
 
 
 def test_command_help_imports_no_jax():
-  """``stiefax grok --help`` runs argparse before any JAX, Flax, Optax or Orbax import."""
+  """``stiefax <command> --help``, for every command, runs argparse before any JAX, Flax,
+  Optax, Orbax, SciPy, Matplotlib or scikit-learn import: one fresh interpreter builds
+  each command's parser, prints its help, then lists the heavy modules it holds."""
   code = (
-    "import sys\n"
+    "import contextlib, io, sys\n"
     "from stiefax.experiments import cli\n"
-    "try:\n"
-    "  cli.main(['grok', '--help'])\n"
-    "except SystemExit:\n"
-    "  pass\n"
-    "heavy = sorted(m for m in sys.modules if m.split('.')[0] in " + repr(HEAVY) + ")\n"
-    "print('HEAVY', heavy)\n"
+    "for name in cli.COMMANDS:\n"
+    "  out = io.StringIO()\n"
+    "  with contextlib.redirect_stdout(out):\n"
+    "    try:\n"
+    "      cli.main([name, '--help'])\n"
+    "    except SystemExit:\n"
+    "      pass\n"
+    "  assert 'usage: stiefax ' + name in out.getvalue(), name\n"
+    "  heavy = sorted(m for m in sys.modules if m.split('.')[0] in " + repr(HEAVY) + ")\n"
+    "  print('HEAVY', name, heavy)\n"
   )
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
   proc = subprocess.run(
     [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
   )
-  assert "Modular-arithmetic grokking" in proc.stdout, proc.stderr
-  assert "HEAVY []" in proc.stdout, proc.stdout.splitlines()[-1]
+  assert proc.returncode == 0, proc.stderr
+  lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("HEAVY")]
+  assert lines == [f"HEAVY {name} []" for name in cli.COMMANDS], lines
 
 
 def test_help_defaults_are_the_presets():
@@ -213,6 +234,66 @@ def test_lm_help_describes_every_arm_and_preset_with_its_numbers():
     assert f"{arm.name} {arm.description}" in text
   for name, c in lm_config.PRESETS.items():
     assert f"{name} d={c.d_model}," in text and f"{c.steps} steps of {c.batch} x" in text
+
+
+def test_lm_help_defaults_are_the_presets():
+  """Every default ``stiefax lm --help`` states is the presets' value (one number when
+  they share it, else each preset's), and the sweep's rates are the sweep's."""
+  from stiefax.experiments.lm import command as lm_command
+  from stiefax.experiments.lm import config as lm_config
+
+  parser = argparse.ArgumentParser()
+  lm_command.add_arguments(parser)
+  text = " ".join(parser.format_help().split())
+  presets = lm_config.PRESETS.values()
+  for flag, field, words in [
+    ("--lr", "adamw_lr", "(default: the preset's, {})"),
+    ("--frame-lr", "frame_lr", "(default: the preset's, {})"),
+    ("--matrix-lr", "matrix_lr", "(default: the preset's, {})"),
+    ("--max-norm", "max_norm", "(preset's, {})"),
+    ("--batch", "batch", "(preset's, {})"),
+  ]:
+    values = {getattr(c, field) for c in presets}
+    assert len(values) == 1, (flag, values)  # one number stands for every preset
+    assert words.format(f"{values.pop():g}") in text, flag
+  for flag, field in [("--steps", "steps"), ("--eval-every", "eval_every")]:
+    each = ", ".join(f"{n} {getattr(c, field)}" for n, c in lm_config.PRESETS.items())
+    assert f"(preset's: {each})" in text, flag
+  rates = lm_config.SWEEP_RATES
+  assert rates[0] == 3e-4 and rates[-1] == 3e-1
+  assert all(2.9 < b / a < 3.4 for a, b in itertools.pairwise(rates))  # "x3 apart"
+  assert "(3e-4 to 3e-1, x3 apart)" in text and f"study 1's {len(rates)} AdamW rates" in text
+  q = lm_config.PRESETS["quick"]
+  described = " ".join(lm_command.help_text().split())
+  assert f"weight decay {q.weight_decay:g} on matrices, b1 {q.b1:g}, b2 {q.b2:g}" in described
+  assert all(c.warmup_steps * 10 == c.steps for c in presets)
+  assert "the first 10% of steps" in described
+  for study, arms in lm_config.ADDED_BY_STUDY.items():
+    assert ", ".join(arms) in described, study
+  # Every arm offered is one of the studies' or the original seven.
+  assert set(lm_config.ARMS) >= {a for arms in lm_config.ADDED_BY_STUDY.values() for a in arms}
+
+
+def test_patches_help_describes_every_arm_and_preset():
+  """``stiefax patches --help`` describes each arm it offers and states both presets'
+  sizes (the paper's with --data, digits' without)."""
+  from stiefax.experiments.patches import command as patches_command
+  from stiefax.experiments.patches import config as patches_config
+
+  parser = argparse.ArgumentParser()
+  patches_command.add_arguments(parser)
+  help_lines = parser.format_help().splitlines()
+  for name in patches_config.ARMS:
+    line = next((ln for ln in help_lines if ln.split()[:1] == [name]), None)
+    assert line is not None and len(line.split()) >= 3, name  # the name and a few words
+  text = " ".join(" ".join(help_lines).split())
+  paper, digits = patches_config.PRESETS["paper"], patches_config.PRESETS["digits"]
+  for flag, key in [("--n-train", "n_train"), ("--patch", "patch"), ("--d", "d")]:
+    assert f"(default {paper[key]}; digits {digits[key]})" in text, flag
+  for flag, key in [("--heads", "heads"), ("--head-dim", "head_dim")]:
+    assert f"(default {paper[key]}; digits {digits[key]})" in text, flag
+  ns = lambda p: ",".join(map(str, p["ns"]))
+  assert f"(default {ns(paper)}; digits {ns(digits)})" in text
 
 
 @pytest.fixture

@@ -17,6 +17,9 @@ TensorFlow):
   thirds, each heads-major, and ``c_proj/kernel`` ``(H r, D)``.
 """
 
+import contextlib
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -290,3 +293,76 @@ def test_orthonormal_init_with_a_selection_draws_every_slice(rng):
   spec = stiefax.FrameSpec(row_axis=2, select=(0, (0, 1)))
   w = stiefax.flax.orthonormal_init(spec)(jax.random.key(0), (3, H, D, R))
   assert _iso(np.asarray(w, np.float64).reshape(3 * H, D, R)) < 1e-5
+
+
+# ---------------------------------------------------------------------------
+# Dense layouts: the warnings and errors point at qk_frames, and following them works.
+# ---------------------------------------------------------------------------
+
+
+def _one_line(message):
+  assert "\n" not in message, message
+  return message
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_an_explicit_framespec_on_a_dense_kernel_warns_in_one_line(rng, name):
+  make, _, counts, expected = MODELS[name]
+  params = stiefax.flax.project_params(make(rng), frames=stiefax.layouts.qk_frames(**counts))
+  if name == "llama":  # c_attn with FrameSpec() has r = 3 H r > d: refused anyway
+    with pytest.warns(UserWarning) as caught, pytest.raises(ValueError, match="not on the"):
+      # Heads orthonormal one by one are not one orthonormal frame: init refuses them.
+      stiefax.stiefel_adamw(1e-3, frames=stiefax.FrameSpec()).init(params)
+    messages = [_one_line(str(w.message)) for w in caught]
+    assert all(m.startswith("stiefax.stiefel_adamw: frames=stiefax.FrameSpec(") for m in messages)
+    assert all("stiefax.layouts.qk_frames(head_dim=...)" in m for m in messages)
+    assert sorted(m.split(" at ")[1].split(" ")[0] for m in messages) == [
+      "params/" + p for p in expected
+    ]
+  project = r"^stiefax\.flax\.project_params: .*qk_frames\(head_dim"
+  # c_attn has more columns than rows: refused, after the warning.
+  with pytest.warns(UserWarning, match=project), contextlib.suppress(ValueError):
+    stiefax.flax.project_params(params, frames=stiefax.FrameSpec())
+  # The per-head reading draws no warning.
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    stiefax.stiefel_adamw(1e-3, frames=stiefax.layouts.qk_frames(**counts)).init(params)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+@pytest.mark.parametrize("rule", ["stiefel_adamw", "riemannian_adam", "manifold_muon"])
+def test_the_off_manifold_error_names_the_call_and_its_hint_works(rng, name, rule):
+  make, _, counts, _ = MODELS[name]
+  params = make(rng)  # Gaussian kernels: off the manifold
+  frames = stiefax.layouts.qk_frames(**counts)
+  if rule == "stiefel_adamw":
+    tx = stiefax.stiefel_adamw(1e-3, frames=frames)
+  else:  # the whole tree would be frames: give the labels as stiefel_adamw does
+    factory = getattr(stiefax, rule)
+    tx = stiefax.stiefel_adamw(1e-3, frames=frames, stiefel=factory, stiefel_learning_rate=0.05)
+  with pytest.raises(ValueError) as raised:
+    tx.init(params)
+  message = _one_line(str(raised.value))
+  assert message.startswith("stiefax.stiefel_adamw: init was given the parameter at")
+  assert "polar_retract" not in message and "frameSpec" not in message
+  hint = f"stiefax.flax.project_params(params, frames=stiefax.layouts.qk_frames(head_dim={R}))"
+  assert hint in message
+  snapped = eval(hint, {"stiefax": stiefax, "params": params})  # following the hint
+  tx.init(snapped)
+
+
+def test_a_frame_rule_called_alone_is_named_and_its_hint_works(rng):
+  w = jnp.asarray(rng.standard_normal((16, 4)), jnp.float32)
+  for rule, tx in [
+    ("riemannian_adam", stiefax.riemannian_adam(1e-3)),
+    ("riemannian_sgd", stiefax.riemannian_sgd(1e-3)),
+    ("manifold_muon", stiefax.manifold_muon(0.05)),
+    ("polar_retract", stiefax.polar_retract()),
+  ]:
+    with pytest.raises(ValueError) as raised:
+      tx.init(w)
+    message = _one_line(str(raised.value))
+    assert message.startswith(f"stiefax.{rule}: init was given the parameter at <root>")
+    call = "stiefax.flax.project_params(params)"
+    assert call in message
+    tx.init(eval(call, {"stiefax": stiefax, "params": w}))

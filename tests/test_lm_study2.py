@@ -563,7 +563,10 @@ def test_the_larger_models_answer_in_the_docs_is_its_runs():
   assert set(best) == {"A2", "A2-qknorm", "B2-diag", "B2-qknorm"}
   qk = contrast("A2-qknorm", "A2")
   assert qk.verdict == "no difference"
-  assert f"(`A2-qknorm` - A2: {qk.mean:+.3f}, no difference)" in para
+  assert (
+    f"(`A2-qknorm` - A2: {qk.mean:+.3f}, t interval [{qk.t_low:+.3f}, {qk.t_high:+.3f}]," in para
+  )
+  assert "no difference between QK-norm and AdamW is detected" in para
   stiefel = [("B2-diag", "ends "), ("B2-qknorm", "")]
   vs_adamw = [contrast(arm, "A2") for arm, _ in stiefel]
   vs_qk = [contrast(arm, "A2-qknorm") for arm, _ in stiefel]
@@ -582,3 +585,169 @@ def test_the_larger_models_answer_in_the_docs_is_its_runs():
   hours = sum(minutes) / 60
   assert f"{len(large)} runs, whose wall times add up to {hours:.1f} core-hours" in doc
   assert f"({min(minutes):.0f} to {max(minutes):.0f} core-minutes a run)" in doc
+
+
+def test_study_twos_sentences_are_its_runs():
+  """Every number docs/lm.md writes by hand in study 2's decisions, the larger model's
+  budget and "Study 2 in plain words" is recomputed from the committed runs of
+  results/lm-fair (and study 1's, results/lm): the cells the rules chose, the copies
+  of study 1's files, the budget, the share of B2's gap the frame step removed, the
+  paired contrasts with their intervals, and the sweep's sensitivities and logits."""
+  import filecmp  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  import pathlib  # pylint: disable=g-import-not-at-top
+
+  from stiefax.experiments import report as report_lib  # pylint: disable=g-import-not-at-top
+  from stiefax.experiments import stats  # pylint: disable=g-import-not-at-top
+
+  root = pathlib.Path(__file__).parent.parent
+  text = (root / "docs/lm.md").read_text()
+  doc = " ".join(text.split("## Study 2:", 1)[1].split("## Study 3:", 1)[0].split())
+  groups, warnings = report_lib.load_runs(root / "results/lm-fair")
+  assert warnings == []
+  small = [r for r in groups["lm"] if r["config"]["preset"] == fair.SMALL_PRESET]
+  large = [r for r in groups["lm"] if r["config"]["preset"] == fair.LARGE_PRESET]
+  best = fair.best_cells(small)
+
+  def at(arm, cell, seeds=range(6), runs=small):
+    got = {r["seed"]: r for r in runs if r["arm"] == arm and fair.cell_of(r) == cell}
+    assert set(seeds) <= set(got), (arm, cell)
+    return [got[s] for s in seeds]
+
+  def val(arm, cell):  # the selection's mean over seeds 0-1
+    return f"{np.mean([lm_runs.loss_of(r, 'val_bpb') for r in at(arm, cell, (0, 1))]):.4f}"
+
+  def test(arm, cell, runs=small):
+    return [lm_runs.loss_of(r, "test_bpb") for r in at(arm, cell, runs=runs)]
+
+  def contrast(b, a, runs=small):
+    of = fair.best_cells(runs)
+    return stats.paired(test(a, of[a], runs), test(b, of[b], runs))
+
+  def ci(p, digits=3):
+    return f"[{p.t_low:+.{digits}f}, {p.t_high:+.{digits}f}]"
+
+  # Decisions the rules took.
+  diag, qk, temp, b2, fold = (best[a] for a in ("B2-diag", "B2-qknorm", "B2-temp", "B2", "B2-fold"))
+  assert fair.best_stiefel_arm(small) == "B2-diag"
+  assert (
+    f"(mean validation loss {val('B2-diag', diag)} over seeds 0-1 at AdamW 1e-2, against"
+    f" {val('B2-qknorm', qk)} for `B2-qknorm`, {val('B2-temp', temp)} for `B2-temp`,"
+    f" {val('B2', b2)} for B2 and {val('B2-fold', fold)} for `B2-fold`)" in doc
+  )
+  frame_rates = sorted({fair.cell_of(r)[1] for r in small if r["arm"] == "B2"})
+  assert b2 == (1e-2, 0.1) and frame_rates[0] == 0.1  # the lowest rate: not bracketed
+  assert "It is the smallest rate of the grid, so the frame rate's optimum is not bracketed" in doc
+  assert (
+    f"(mean validation loss {val('B2', b2)} over seeds 0-1, against {val('B2', (1e-2, 0.3))}"
+    f" at 0.3 and {val('B2', (1e-2, 1.0))} at 1.0)" in doc
+  )
+  assert best["A2"] == (5.5e-3, 1.0)
+  assert f"5.5e-3 ({val('A2', best['A2'])} over seeds 0-1, against {val('A2', (3e-3, 1.0))}" in doc
+  cap = max(
+    v
+    for r in small
+    if r["arm"] == "B2" and r["config"]["max_norm"] == 0.1
+    for v in r["history"].get("cap_ratio_max", [])  # study 1's copies did not log it
+    if v is not None
+  )
+  assert cap < 1 and f"`|eta|_F / (tau sqrt(r))` was {cap:.2f}, at frame rate 1.0)" in doc
+  rerun = at("B2", (3e-3, 1.0), (0,))[0]
+  (first,) = [
+    json.loads(p.read_text())
+    for p in (root / "results/lm").glob("B2-sweep-lr0.003-*-s0.json")
+    if json.loads(p.read_text())["config"]["frame_lr"] == 1.0
+  ]
+  again, before = (lm_runs.loss_of(r, "val_bpb") for r in (rerun, first))
+  assert f"seed 0: {again:.4f} against {before:.4f}" in doc
+
+  # The copies of study 1's files.
+  copied: dict = {}
+  for path in sorted((root / "results/lm-fair").glob("*.json")):
+    twin = root / "results/lm" / path.name
+    if twin.exists() and filecmp.cmp(path, twin, shallow=False):
+      r = json.loads(path.read_text())
+      copied.setdefault(r["arm"], []).append((fair.cell_of(r), r["seed"]))
+  assert sorted(copied) == ["A2", "A2-qknorm", "B2"]
+  n_qk = sum(r["arm"] == "A2-qknorm" for r in small)
+  assert len(copied["A2-qknorm"]) == n_qk == 18
+  assert sorted({cell[0] for cell, _ in copied["A2"]}) == list(lm_config.SWEEP_RATES)
+  assert len(copied["A2"]) == 14 and best["A2"] not in {cell for cell, _ in copied["A2"]}
+  assert sorted(copied["B2"]) == [((1e-2, 1.0), s) for s in (2, 3, 4, 5)]
+  assert (
+    f"A2-qknorm's {n_qk} runs (all of them), A2's {len(copied['A2'])} runs at study 1's"
+    f" seven rates and B2@study1's seeds 2-5 are byte-for-byte copies" in doc
+  )
+
+  # The larger model's budget: the cut to seed 0 at the rates either side was unneeded.
+  by_code: dict = {}
+  for r in large:
+    by_code.setdefault(r["code"]["commit"], []).append(r["wall_time"] / 60)
+  first_runs, other = sorted(by_code.values(), key=len)
+  full = (sum(first_runs) + (40 - len(first_runs)) * np.mean(other)) / 60
+  assert len(large) + 4 == 40 and full < 12
+  assert (
+    f"the first {len(first_runs)} runs averaged {np.mean(first_runs):.1f} core-minutes, but"
+    f" the other {len(other)} averaged {np.mean(other):.1f}, so the full design's 40 runs" in doc
+  )
+  assert f"would have taken about {full:.1f} core-hours, also within the 12" in doc
+
+  # In plain words: the frame step's share of B2's gap, not settled.
+  old = stats.paired(test("A2", best["A2"]), test("B2", (1e-2, 1.0)))
+  new = contrast("B2", "A2")
+  step = stats.paired(test("B2", (1e-2, 1.0)), test("B2", b2))
+  assert step.verdict == "not settled" and new.verdict == old.verdict == "b > a"
+  share = round(100 * (old.mean - new.mean) / old.mean)
+  assert (
+    f"removed about {share}% of B2's gap to AdamW ({old.mean:+.3f} bits per byte at study"
+    f" 1's cell, {new.mean:+.3f} at the tuned one): a gain of {-step.mean:.3f} that is not"
+    f" settled (t interval {ci(step)}, bootstrap [{step.ci_low:+.3f}, {step.ci_high:+.3f}])" in doc
+  )
+  for b, a, words in [
+    ("B2-temp", "B2", "(`B2-temp` - B2: {m}, t interval {ci}, no difference;"),
+    ("A2-temp", "A2", "`A2-temp` - A2: {m}, {ci}, no difference)"),
+    ("B2-fold", "B2-temp", "(`B2-fold` - `B2-temp`: {m}, {ci}, no difference)"),
+  ]:
+    p = contrast(b, a)
+    assert p.verdict == "no difference", (b, a)
+    assert words.format(m=f"{p.mean:+.3f}", ci=ci(p)) in doc, (b, a)
+  p = contrast("B2-diag", "B2")
+  assert p.verdict == "no difference"
+  assert f"(`B2-diag` - B2: {p.mean:+.4f}, {ci(p)}, no difference)" in doc
+  # Every Stiefel arm above QK-norm, settled; against AdamW as the doc sorts them.
+  above = {arm: contrast(arm, "A2-qknorm") for arm in fair.STIEFEL_ARMS}
+  assert all(p.verdict == "b > a" for p in above.values())
+  low, high = min(above, key=lambda a: above[a].mean), max(above, key=lambda a: above[a].mean)
+  assert (
+    f"by {above[low].mean:.3f} (`{low}`) to {above[high].mean:.3f} (`{high}`) bits per byte" in doc
+  )
+  verdicts = {arm: contrast(arm, "A2").verdict for arm in fair.STIEFEL_ARMS}
+  assert {a for a, v in verdicts.items() if v == "b > a"} == {"B2", "B2-temp", "B2-fold"}
+  assert {a for a, v in verdicts.items() if v == "not settled"} == {"B2-qknorm", "B2-diag"}
+  # QK-norm against AdamW, both models: no difference detected, with the intervals.
+  qk_small, qk_large = contrast("A2-qknorm", "A2"), contrast("A2-qknorm", "A2", large)
+  assert qk_small.verdict == qk_large.verdict == "no difference"
+  assert (
+    f"({qk_small.mean:+.3f}, t interval {ci(qk_small)}, bootstrap [{qk_small.ci_low:+.3f},"
+    f" {qk_small.ci_high:+.3f}])" in doc
+  )
+  assert f"({qk_large.mean:+.3f}, t interval {ci(qk_large)})" in doc
+  assert (
+    f"at either scale ({qk_small.mean:+.3f}, t interval {ci(qk_small)}; {qk_large.mean:+.3f},"
+    f" {ci(qk_large)}; 6 paired seeds each, not shown equal)" in doc
+  )
+  assert (
+    f"(`A2-qknorm` - A2: {qk_large.mean:+.3f}, t interval {ci(qk_large)}, no difference)" in doc
+  )
+  for words in ("changes nothing", "as good as the best-tuned", "every fix", "own seeds"):
+    assert words not in doc, words
+  # The best Stiefel arm's sweep: sensitivities, losses and logits at the high rates.
+  sweep = {r: at("B2-diag", (r, 0.1), (0, 1)) for r in lm_config.SWEEP_RATES}
+  loss = {r: np.mean([lm_runs.loss_of(x, "val_bpb") for x in runs]) for r, runs in sweep.items()}
+  logit = {r: max(x["metrics"]["max_logit_max"] for x in runs) for r, runs in sweep.items()}
+  assert "2.219 at 0.1 and 3.638 at 0.3" in doc and (f"{loss[0.1]:.3f}", f"{loss[0.3]:.3f}") == (
+    "2.219",
+    "3.638",
+  )
+  big = (f"{logit[0.1]:,.0f}".replace(",", " "), f"{logit[0.3]:,.0f}".replace(",", " "))
+  assert f"its largest logit reaches {big[0]} and {big[1]}" in doc

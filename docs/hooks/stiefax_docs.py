@@ -9,6 +9,8 @@
 * No page keeps Sphinx markup (``:func:`` roles, ``::`` literal markers) in its
   rendered HTML; the griffe extension ``griffe_examples.py`` rewrites the docstrings'
   roles as mkdocstrings cross-references.
+* Inline code wraps only between the parts of a name (:func:`code_break_points` and
+  ``docs/stylesheets/extra.css``), never inside a word.
 * MathJax is served from the built site (``javascripts/mathjax/``), so the math renders
   offline: :func:`on_post_build` copies it from the ``django-static-mathjax`` package
   of the docs extra (MathJax 3 as plain files; it needs no Django).
@@ -140,6 +142,39 @@ def raw_markup(html: str) -> list[str]:
   return found
 
 
+# Code blocks and headings keep their text as written (headings feed the search
+# index's titles); inline code elsewhere gets the break points of code_break_points.
+_KEPT = re.compile(r"<pre\b.*?</pre>|<h([1-6])\b.*?</h\1>", re.DOTALL)
+_INLINE_CODE = re.compile(r"(<code\b[^>]*>)(.*?)(</code>)", re.DOTALL)
+_MARKUP = re.compile(r"(<[^>]+>|&[#\w]+;)")
+# After a dot, a slash, an opening parenthesis, a comma or an equals sign that a name,
+# a bracket or a quote follows.
+_BREAK_AFTER = re.compile(r"(?<=[./(,=])(?=[A-Za-z_(\[\"'])")
+
+
+def code_break_points(html: str) -> str:
+  """``html`` with a ``<wbr>`` at each place inline code may wrap between its parts.
+
+  The stylesheet (``docs/stylesheets/extra.css``) keeps inline code from breaking
+  inside a word; a long name such as ``stiefax.layouts.qk_frames(head_dim=16)`` in a
+  narrow table cell then wraps after a dot, slash, parenthesis, comma or equals sign
+  (a ``<wbr>``: no character is added, copying the code gives it unchanged). Code
+  blocks and headings are left as they are.
+  """
+
+  def code(match: re.Match) -> str:
+    parts = _MARKUP.split(match.group(2))
+    body = "".join(p if _MARKUP.fullmatch(p) else _BREAK_AFTER.sub("<wbr>", p) for p in parts)
+    return match.group(1) + body + match.group(3)
+
+  out, pos = [], 0
+  for kept in _KEPT.finditer(html):
+    out += [_INLINE_CODE.sub(code, html[pos : kept.start()]), kept.group(0)]
+    pos = kept.end()
+  out.append(_INLINE_CODE.sub(code, html[pos:]))
+  return "".join(out)
+
+
 def on_post_page(output, page, config):
   problems = raw_markup(output)
   if problems:
@@ -147,7 +182,7 @@ def on_post_page(output, page, config):
       f"{page.file.src_uri}: unrendered Sphinx markup (write Markdown: [`name`][id]"
       " cross-references, and ':' before an indented code block):\n  " + "\n  ".join(problems[:10])
     )
-  return output
+  return code_break_points(output)
 
 
 #: Jupyter configuration for the notebooks' execution: the kernels log errors only, so

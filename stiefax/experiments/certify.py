@@ -18,7 +18,6 @@ import time
 from typing import Any
 from typing import Sequence
 
-from stiefax import certificates
 from stiefax.experiments import store
 from stiefax.experiments.flags import CommandError
 from stiefax.experiments.flags import check_seeds
@@ -89,6 +88,8 @@ def _write_json(args: argparse.Namespace, records: list) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+  from stiefax import certificates  # JAX: here, not by `stiefax certify --help`
+
   check_seeds([args.seed], "--seed")
   _check_json(args)
   by_name = {f.__name__: f for f in certificates.CERTIFICATES}

@@ -22,63 +22,60 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import time
+from typing import TYPE_CHECKING
 from typing import Any
 from typing import Callable
 from typing import Optional
 from typing import Sequence
 from typing import cast
 
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 
-import stiefax
-from stiefax import covariance as cov
-from stiefax import elr
-from stiefax.experiments import optim
 from stiefax.experiments import store
 from stiefax.experiments.arms import ARMS
 from stiefax.experiments.flags import CommandError
 from stiefax.experiments.flags import check_seeds
 
-#: name -> (label, factory). Adam-type rules use eps = 0 so that loss scaling is exact.
-OPTIMIZERS: dict[str, tuple[str, Callable[[], optax.GradientTransformation]]] = {
-  "adamw": (
-    "optax.adamw(1e-2, wd 0.1)",
-    lambda: optim.make_optimizer(
+if TYPE_CHECKING:
+  import jax
+  import optax
+
+  from stiefax import covariance as cov
+
+# JAX, Flax, Optax and the library are imported by the functions that compute, not by
+# `stiefax covariance --help`.
+
+
+def _optimizer(name: str) -> optax.GradientTransformation:
+  """The transform of :data:`OPTIMIZERS` ``name``."""
+  import optax
+
+  import stiefax
+  from stiefax.experiments import optim
+
+  if name == "adamw":
+    return optim.make_optimizer(
       ARMS["A2"], optim.Hyper(adamw_lr=1e-2, weight_decay=0.1, adamw_eps=0.0)
-    ),
-  ),
-  "adam": ("optax.adam(1e-2)", lambda: optax.adam(1e-2, eps=0.0)),
-  "sgd": ("optax.sgd(1e-2)", lambda: optax.sgd(1e-2)),
-  "radam": (
-    "riemannian_adam (B2)",
-    lambda: optim.frame_rule(ARMS["B2"], optim.Hyper(frame_lr=1.0, eps=0.0)),
-  ),
-  "radam-elementwise": (
-    "riemannian_adam elementwise",
-    lambda: optim.frame_rule(ARMS["elementwise"], optim.Hyper(frame_lr=0.03, eps=0.0)),
-  ),
-  "rsgd": (
-    "riemannian_sgd (PA16)",
-    lambda: optim.frame_rule(ARMS["B2-SGD"], optim.Hyper(frame_lr=0.02)),
-  ),
-  "hyperball": ("sphere_adam", lambda: stiefax.sphere.sphere_adam(1.0, eps=0.0)),
+    )
+  if name == "adam":
+    return optax.adam(1e-2, eps=0.0)
+  if name == "sgd":
+    return optax.sgd(1e-2)
+  if name == "radam":
+    return optim.frame_rule(ARMS["B2"], optim.Hyper(frame_lr=1.0, eps=0.0))
+  if name == "radam-elementwise":
+    return optim.frame_rule(ARMS["elementwise"], optim.Hyper(frame_lr=0.03, eps=0.0))
+  if name == "rsgd":
+    return optim.frame_rule(ARMS["B2-SGD"], optim.Hyper(frame_lr=0.02))
   # The published Hyperball, one sphere per head frame (stiefax.hyperball).
-  "adamh": (
-    "hyperball over Adam",
-    lambda: stiefax.hyperball(
-      optax.scale_by_adam(eps=0.0), 1e-2, frames=stiefax.layouts.qk_frames()
-    ),
-  ),
-  "muonh": (
-    "hyperball over Muon",
-    lambda: stiefax.hyperball(
+  if name == "adamh":
+    return stiefax.hyperball(optax.scale_by_adam(eps=0.0), 1e-2, frames=stiefax.layouts.qk_frames())
+  if name == "muonh":
+    return stiefax.hyperball(
       optax.contrib.scale_by_muon(
         eps=0.0,
         weight_dimension_numbers=stiefax.layouts.muon_dimension_numbers(
@@ -87,8 +84,24 @@ OPTIMIZERS: dict[str, tuple[str, Callable[[], optax.GradientTransformation]]] = 
       ),
       1e-2,
       frames=stiefax.layouts.qk_frames(),
-    ),
-  ),
+    )
+  return stiefax.sphere.sphere_adam(1.0, eps=0.0)  # hyperball
+
+
+#: name -> (label, factory). Adam-type rules use eps = 0 so that loss scaling is exact.
+OPTIMIZERS: dict[str, tuple[str, Callable[[], optax.GradientTransformation]]] = {
+  name: (label, functools.partial(_optimizer, name))
+  for name, label in (
+    ("adamw", "optax.adamw(1e-2, wd 0.1)"),
+    ("adam", "optax.adam(1e-2)"),
+    ("sgd", "optax.sgd(1e-2)"),
+    ("radam", "riemannian_adam (B2)"),
+    ("radam-elementwise", "riemannian_adam elementwise"),
+    ("rsgd", "riemannian_sgd (PA16)"),
+    ("hyperball", "sphere_adam"),
+    ("adamh", "hyperball over Adam"),
+    ("muonh", "hyperball over Muon"),
+  )
 }
 
 #: Optimizers whose points live on St(d, r).
@@ -163,6 +176,8 @@ def make_problem(
   name: str, heads: int, d: int, r: int, rng: np.random.Generator
 ) -> tuple[Callable[[jax.Array], jax.Array], jax.Array]:
   """``(loss_fn, theta_0)`` for a problem on a ``(d, heads, r)`` kernel of frames."""
+  import jax.numpy as jnp
+
   g = rng.standard_normal((d, d))
   a = jnp.asarray((g + g.T) / 2)
   n = jnp.asarray(np.arange(r, 0, -1, dtype=np.float64) / r)
@@ -182,6 +197,10 @@ def make_problem(
 
 
 def _action(name: str, args: argparse.Namespace, rng: np.random.Generator) -> cov.Action:
+  import jax.numpy as jnp
+
+  from stiefax import covariance as cov
+
   if name == "left":
     return cov.left_rotation(jnp.asarray(_random_orthogonal(rng, (args.d, args.d))))
   if name == "right":
@@ -207,6 +226,10 @@ def covariance_table(
   problems: Sequence[str],
 ) -> dict[str, Any]:
   """``{problem: {optimizer: {action: violation or None}}}`` in float64."""
+  import jax
+
+  from stiefax import covariance as cov
+
   results: dict[str, Any] = {}
   with jax.enable_x64(True):
     for p_index, problem in enumerate(problems):
@@ -294,6 +317,14 @@ def elr_trace(
   Returns:
     ``{"steps": [...], "tau": 0.1, "arms": {arm: {stat: [...]}}}``.
   """
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  import stiefax
+  from stiefax import elr
+  from stiefax.experiments import optim
 
   class Toy(nn.Module):
     @nn.compact

@@ -11,15 +11,14 @@ Riemannian SGD at float64 rounding.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-import jax
-import optax
-
-from stiefax.diagnostics import equivariance_violation
-from stiefax.experiments import optim
 from stiefax.experiments.arms import ARMS
 from stiefax.experiments.flags import CommandError
 from stiefax.experiments.flags import check_seeds
+
+if TYPE_CHECKING:
+  import optax
 
 #: Violations below this are float64 rounding: the update is equivariant.
 EQUIVARIANT_BELOW = 1e-10
@@ -42,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def optimizers(args: argparse.Namespace) -> list[tuple[str, optax.GradientTransformation]]:
   """The rows of Table 9: (name, transform)."""
+  from stiefax.experiments import optim  # JAX: here, not by `stiefax equivariance --help`
+
   return [
     ("AdamW (decay 0)", optim.make_optimizer(ARMS["A2"], optim.Hyper(adamw_lr=args.adamw_lr))),
     (
@@ -59,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
     raise CommandError("--steps, --rotations, --heads and --r must all be >= 1")
   if args.r > args.d:
     raise CommandError(f"--r {args.r} exceeds --d {args.d}; a frame needs r <= d")
+  import jax  # here, not by `stiefax equivariance --help`
+
+  from stiefax.diagnostics import equivariance_violation
+
   key = jax.random.key(args.seed)
   print(
     f"Table 9: max|W_T^(Q) - Q^T W_T|, worst of {args.rotations} rotations,"

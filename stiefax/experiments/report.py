@@ -24,6 +24,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import inspect
 import math
 import pathlib
@@ -40,13 +41,9 @@ from stiefax.experiments import store
 from stiefax.experiments.flags import CommandError
 from stiefax.experiments.flags import writable_dir
 
-try:  # optional: without matplotlib the reports print their tables and write no plots
-  import matplotlib
-  import matplotlib.pyplot
-
-  HAVE_MATPLOTLIB = True
-except ImportError:
-  HAVE_MATPLOTLIB = False
+# Optional: without matplotlib the reports print their tables and write no plots. It is
+# imported by pyplot(), when a plot is drawn, so that --help does not load it.
+HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 __all__ = [
   # the command
@@ -339,7 +336,11 @@ def pyplot() -> Any:
   """``matplotlib.pyplot`` on the ``Agg`` back end, or None without matplotlib."""
   if not HAVE_MATPLOTLIB:
     return None
+  import matplotlib
+
   matplotlib.use("Agg")
+  import matplotlib.pyplot
+
   return matplotlib.pyplot
 
 

@@ -11,8 +11,9 @@ import functools
 
 import numpy as np
 import numpy.typing as npt
-from scipy import special
-from scipy import stats as sps
+
+# SciPy is imported by the functions that use it, so that a command's --help, which
+# imports this module with its report, does not load it.
 
 __all__ = [
   "Paired",
@@ -86,6 +87,8 @@ def _multisets(n: int) -> tuple[np.ndarray, np.ndarray]:
     counts = np.concatenate([counts[rows], take[:, None].astype(np.int8)], axis=1)
     left = left[rows] - take
   counts = np.concatenate([counts, left[:, None].astype(np.int8)], axis=1)
+  from scipy import special
+
   log_prob = (
     float(special.gammaln(n + 1))
     - special.gammaln(counts.astype(np.float64) + 1).sum(axis=1)
@@ -196,6 +199,8 @@ def t_interval(x: npt.ArrayLike, level: float = 0.95) -> tuple[float, float]:
   m, sd = float(np.mean(v)), float(np.std(v, ddof=1))
   if sd == 0:
     return (m, m)
+  from scipy import stats as sps
+
   half = float(sps.t.ppf(0.5 + level / 2, v.size - 1)) * sd / np.sqrt(v.size)
   return (m - half, m + half)
 
@@ -275,6 +280,8 @@ def paired(
   std = float(np.std(d, ddof=1)) if n > 1 else float("nan")
   # Differences equal up to rounding have no spread: no t statistic, not t ~ 1e15.
   if n > 1 and std > 1e-12 * max(1.0, float(np.max(np.abs(d)))):
+    from scipy import stats as sps
+
     res = sps.ttest_rel(vb, va)
     t, p = float(res.statistic), float(res.pvalue)
   else:

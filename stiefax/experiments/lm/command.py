@@ -13,9 +13,11 @@ grouped-query attention with Gemma's parameter layout (``q_einsum/w (H, d, r)``,
 ``kv_einsum/w (2, K, d, r)``), so every query head and every key head is a frame that
 stiefax finds by name.
 
-Arms (the one registry; every other parameter trains with AdamW, weight decay 0.1 on
-matrices, b1 0.9, b2 0.95, linear warm-up over the first 10% of steps, then cosine to
-0, the same schedule on the Riemannian rate; the last four are study 2's, docs/lm.md):
+Arms (the one registry; every other parameter trains with AdamW, weight decay
+{weight_decay} on matrices, b1 {b1}, b2 {b2}, linear warm-up over the first {warmup}% of
+steps, then cosine to 0, the same schedule on the Riemannian rate).
+Added by study 2 of docs/lm.md: {study2}.
+Added by its study 3: {study3}.
 
 {arms}
 
@@ -49,14 +51,9 @@ import time
 from typing import Any
 from typing import Optional
 
-import jax
-
 from stiefax.experiments import flags
 from stiefax.experiments import jobs
 from stiefax.experiments import store
-from stiefax.experiments.checkpoints import Checkpoints
-from stiefax.experiments.checkpoints import DamagedCheckpoint
-from stiefax.experiments.checkpoints import set_aside
 from stiefax.experiments.flags import CommandError
 from stiefax.experiments.flags import writable_dir
 from stiefax.experiments.lm import data as data_lib
@@ -64,7 +61,7 @@ from stiefax.experiments.lm import fair
 from stiefax.experiments.lm import norms
 from stiefax.experiments.lm import runs as runs_lib
 from stiefax.experiments.lm import tables
-from stiefax.experiments.lm import training
+from stiefax.experiments.lm.config import ADDED_BY_STUDY
 from stiefax.experiments.lm.config import ARMS
 from stiefax.experiments.lm.config import PRESETS
 from stiefax.experiments.lm.config import SWEEP_RATES
@@ -83,8 +80,24 @@ QUICK_ARMS = ("A2", "A2-qknorm", "B2")
 STUDY2_ARMS = ("best-stiefel", "best-stiefel-partner")
 
 
+def preset_values(field: str) -> str:
+  """The presets' ``field`` in words: one number when they share it, else each preset's
+  (``quick 600, sweep 1000, large 2000``). The help's defaults are written with it."""
+  values = {name: getattr(c, field) for name, c in PRESETS.items()}
+  if len(set(values.values())) == 1:
+    return f"{next(iter(values.values())):g}"
+  return ", ".join(f"{name} {v:g}" for name, v in values.items())
+
+
+def _sweep_words() -> str:
+  """The sweep's rates in words, e.g. ``3e-4 to 3e-1, x3 apart``."""
+  low, high = (f"{r:.0e}".replace("e-0", "e-") for r in (SWEEP_RATES[0], SWEEP_RATES[-1]))
+  return f"{low} to {high}"
+
+
 def help_text() -> str:
   """The ``--help`` text: this docstring with the registry's arms and the presets' numbers."""
+  warmup = {round(100 * c.warmup_steps / c.steps) for c in PRESETS.values()}
   presets = "\n".join(
     f"  {name:<7}d={c.d_model}, {c.depth} layers, {c.heads} query / {c.kv_heads} key-value"
     f" heads of r={c.head_dim}, {c.steps} steps of {c.batch} x {c.seq} bytes\n"
@@ -93,7 +106,15 @@ def help_text() -> str:
     for name, c in PRESETS.items()
   )
   return (__doc__ or "").format(
-    arms=flags.arm_lines(ARMS), presets=presets, quick_arms=",".join(QUICK_ARMS)
+    arms=flags.arm_lines(ARMS),
+    presets=presets,
+    quick_arms=",".join(QUICK_ARMS),
+    weight_decay=preset_values("weight_decay"),
+    b1=preset_values("b1"),
+    b2=preset_values("b2"),
+    warmup="/".join(map(str, sorted(warmup))),
+    study2=", ".join(ADDED_BY_STUDY[2]),
+    study3=", ".join(ADDED_BY_STUDY[3]),
   )
 
 
@@ -118,10 +139,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     help="AdamW peak rate(s), comma-separated, or 'bracket': each arm's grid of study 3"
     " (docs/lm.md: its swept rate from its start, extended x3 past an edge best at seeds"
     " 0-1 until the best is interior), or 'best': each arm's rate of the sweep"
-    " (3e-4 to 3e-1, x3 apart) with the lowest mean validation loss among the finished"
-    " runs in --out, or 'around': each arm's best cell of study 2 in --cells-from and"
-    " the AdamW rates x3 either side of it, its frame rate kept (default: the preset's"
-    " rate)",
+    f" ({_sweep_words()}, x3 apart) with the lowest mean validation loss among the"
+    " finished runs in --out, or 'around': each arm's best cell of study 2 in"
+    " --cells-from and the AdamW rates x3 either side of it, its frame rate kept"
+    f" (default: the preset's, {preset_values('adamw_lr')})",
   )
   parser.add_argument(
     "--frame-lr",
@@ -129,20 +150,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     help="the Riemannian Adam's peak rate(s) for the arms whose frames have their own rule"
     " (frozen frames stay at 0; the others ignore it), comma-separated, or 'best': the"
     " frame rate of B2's best cell in study 2's grid among the finished runs in --out"
-    " (default: the preset's, 1.0)",
+    f" (default: the preset's, {preset_values('frame_lr')})",
   )
   parser.add_argument(
     "--matrix-lr",
     default=None,
     help="the peak rate(s) of the matrix rule of AdamH, AdamH-qknorm, MuonH, Muon, B2-H and"
-    " SphereAdam (the other arms ignore it), comma-separated (default 0.01)",
+    " SphereAdam (the other arms ignore it), comma-separated (default: the preset's,"
+    f" {preset_values('matrix_lr')})",
   )
   parser.add_argument(
     "--select-from",
     choices=("sweep", "fair", "around", "norms"),
     default="sweep",
-    help="the cells 'best' chooses among: sweep, study 1's seven AdamW rates (3e-4 to"
-    " 3e-1) at the given frame rate; fair, study 2's grid of docs/lm.md, where B2's best"
+    help=f"the cells 'best' chooses among: sweep, study 1's {len(SWEEP_RATES)} AdamW rates"
+    f" ({_sweep_words()}) at the given frame rate; fair, study 2's grid of docs/lm.md, where B2's best"
     " cell also fixes its frame rate; around, the cells of --lr around, by seed 0"
     "; norms, study 3's bracketed grid of docs/lm.md (default sweep)",
   )
@@ -160,14 +182,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     help="before training a run, take a finished run of exactly the same configuration"
     " and seed from DIR (study 2 reuses study 1's runs this way)",
   )
-  parser.add_argument("--steps", type=int, default=None, help="training steps (preset's)")
-  parser.add_argument("--eval-every", type=int, default=None, help="steps between evaluations")
-  parser.add_argument("--batch", type=int, default=None, help="sequences per step (preset's)")
+  parser.add_argument(
+    "--steps", type=int, default=None, help=f"training steps (preset's: {preset_values('steps')})"
+  )
+  parser.add_argument(
+    "--eval-every",
+    type=int,
+    default=None,
+    help=f"steps between evaluations (preset's: {preset_values('eval_every')})",
+  )
+  parser.add_argument(
+    "--batch",
+    type=int,
+    default=None,
+    help=f"sequences per step (preset's, {preset_values('batch')})",
+  )
   parser.add_argument(
     "--max-norm",
     type=float,
     default=None,
-    help="the Riemannian Adam's step cap tau: |eta|_F <= tau sqrt(r) (preset's, 0.1)",
+    help="the Riemannian Adam's step cap tau: |eta|_F <= tau sqrt(r) (preset's,"
+    f" {preset_values('max_norm')})",
   )
   parser.add_argument(
     "--out", default="runs/lm", help="directory for one JSON file per run (default runs/lm)"
@@ -558,6 +593,8 @@ def run(args: argparse.Namespace) -> int:
           done = _train(job, every, out, progress=not args.no_progress)
         records[job.path.name] = done
         if job.ckpt_path.is_dir() and not job.ckpt_path.is_symlink():
+          from stiefax.experiments.checkpoints import Checkpoints  # JAX: after --help
+
           Checkpoints(job.ckpt_path).remove()  # the result is written
       finally:
         lock.release()
@@ -590,6 +627,14 @@ def _reuse(job: Job, source: pathlib.Path) -> Optional[dict]:
 
 
 def _train(job: Job, every: int, out: pathlib.Path, progress: bool) -> dict:
+  # JAX, Orbax and the training code are imported here, not by `stiefax lm --help`.
+  import jax
+
+  from stiefax.experiments.checkpoints import Checkpoints
+  from stiefax.experiments.checkpoints import DamagedCheckpoint
+  from stiefax.experiments.checkpoints import set_aside
+  from stiefax.experiments.lm import training
+
   arm = ARMS[job.arm]
   desc = f"{job.arm} lr={job.config.adamw_lr:g} seed {job.seed}"
   if _own_frame_rate(job.arm) and job.config.frame_lr != LMConfig().frame_lr:

@@ -3,43 +3,33 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 from typing import Optional
 
-import optax
-
-import stiefax
 from stiefax.experiments import arms
-from stiefax.experiments import optim
 from stiefax.experiments.arms import Arm
-from stiefax.experiments.lm.model import ModelConfig
 
-__all__ = ["EXPERIMENT", "ARMS", "LMConfig", "PRESETS", "SWEEP_RATES", "hyper"]
+if TYPE_CHECKING:
+  import optax
+
+  from stiefax.experiments import optim
+  from stiefax.experiments.lm.model import ModelConfig
+
+__all__ = ["EXPERIMENT", "ADDED_BY_STUDY", "ARMS", "LMConfig", "PRESETS", "SWEEP_RATES", "hyper"]
 
 EXPERIMENT = "lm"
 
+#: The arms each later study of docs/lm.md added, in report order.
+ADDED_BY_STUDY = {
+  2: ("A2-temp", "B2-temp", "B2-fold", "B2-diag"),
+  3: ("AdamH", "AdamH-qknorm", "Muon", "MuonH", "B2-H", "SphereAdam"),
+}
+
 #: The arms ``stiefax lm`` offers (the one registry's), in report order.
 ARMS = arms.select(
-  (
-    "A2",
-    "A2-qknorm",
-    "A2-sigma",
-    "frozen",
-    "B2",
-    "B2-qr",
-    "B2-qknorm",
-    # Study 2 (docs/lm.md).
-    "A2-temp",
-    "B2-temp",
-    "B2-fold",
-    "B2-diag",
-    # Study 3 (docs/lm.md).
-    "AdamH",
-    "AdamH-qknorm",
-    "Muon",
-    "MuonH",
-    "B2-H",
-    "SphereAdam",
-  )
+  ("A2", "A2-qknorm", "A2-sigma", "frozen", "B2", "B2-qr", "B2-qknorm")
+  + ADDED_BY_STUDY[2]
+  + ADDED_BY_STUDY[3]
 )
 
 
@@ -93,6 +83,9 @@ class LMConfig:
 
   @property
   def model(self) -> ModelConfig:
+    # The model (Flax, JAX) is imported here, not by `stiefax lm --help`.
+    from stiefax.experiments.lm.model import ModelConfig
+
     return ModelConfig(
       d_model=self.d_model,
       depth=self.depth,
@@ -171,6 +164,8 @@ SWEEP_RATES = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
 
 def schedule(config: LMConfig, peak: float) -> optax.Schedule:
   """Linear warm-up to ``peak`` over ``warmup_steps``, then cosine to 0 at ``steps``."""
+  import optax
+
   return optax.warmup_cosine_decay_schedule(0.0, peak, config.warmup_steps, config.steps, 0.0)
 
 
@@ -187,6 +182,9 @@ def hyper(arm: Arm, config: LMConfig) -> optim.Hyper:
 
   The frames are found by name in Gemma's layout (:func:`stiefax.layouts.qk_frames`).
   """
+  import stiefax
+  from stiefax.experiments import optim
+
   peak = frame_rate(arm, config)
   return optim.Hyper(
     adamw_lr=schedule(config, config.adamw_lr),

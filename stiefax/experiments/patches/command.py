@@ -69,8 +69,6 @@ from stiefax.experiments.arms import Arm
 from stiefax.experiments.flags import CommandError
 from stiefax.experiments.flags import check_seeds
 from stiefax.experiments.flags import writable_dir
-from stiefax.experiments.patches import images as images_lib
-from stiefax.experiments.patches import protocols
 from stiefax.experiments.patches import tables
 from stiefax.experiments.patches.config import ARMS
 from stiefax.experiments.patches.config import LOGIT_ARMS
@@ -275,6 +273,8 @@ def select_arms(args: argparse.Namespace) -> list[Arm]:
 def _cache_dir(args: argparse.Namespace) -> Optional[pathlib.Path]:
   """The cache folder (None: no cache). ``--cache`` must be writable (``CommandError``);
   the default one, when it is not, is left out with a notice."""
+  from stiefax.experiments.patches import images as images_lib  # after --help
+
   if args.no_cache:
     return None
   if args.cache is not None:
@@ -293,6 +293,10 @@ def run(args: argparse.Namespace) -> int:
   It checks the arguments, loads the images and runs the protocol asked for
   (:mod:`stiefax.experiments.patches.protocols`), then prints the report.
   """
+  # The images and training code (scikit-learn, JAX) are imported here, not by --help.
+  from stiefax.experiments.patches import images as images_lib
+  from stiefax.experiments.patches import protocols
+
   validate(args)
   arms = select_arms(args)
   seeds = check_seeds(flags.ints(args.seeds, "--seeds"), "--seeds")

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 from typing import Any
 from typing import Optional
 
-import optax
-
 from stiefax.experiments import arms
-from stiefax.experiments import optim
 from stiefax.experiments.arms import Arm
 from stiefax.experiments.flags import CommandError
+
+if TYPE_CHECKING:
+  import optax
+
+  from stiefax.experiments import optim
 
 EXPERIMENT = "patches"
 PROTOCOLS = ("run", "sweep-n", "sweep-eps")
@@ -127,6 +130,8 @@ def arm_hparams(arm: Arm, setting: Setting, knob: Optional[float]) -> dict:
 
 def schedule(setting: Setting, peak: float) -> optax.Schedule:
   """5-epoch (``warmup_epochs``) linear warm-up to ``peak``, then cosine to zero."""
+  import optax  # here, not by `stiefax patches --help`
+
   return optax.warmup_cosine_decay_schedule(
     0.0, peak, setting.warmup_steps, setting.total_steps, 0.0
   )
@@ -138,6 +143,8 @@ def hyper(setting: Setting, hp: dict) -> optim.Hyper:
 
   ``hp``: the arm's rates (:func:`arm_hparams`).
   """
+  from stiefax.experiments import optim  # JAX: here, not by `stiefax patches --help`
+
   frame_lr = hp["riemannian_lr"]
   return optim.Hyper(
     adamw_lr=schedule(setting, hp["adamw_lr"]),
