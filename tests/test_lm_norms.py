@@ -239,3 +239,16 @@ def test_an_open_grid_is_reported_as_open_and_other_settings_are_left_out(tmp_pa
   grid = text.split("each arm's grid")[1].split("\n\n")[0]
   assert "0.003: -; 0.01: 1.800; 0.03: -" in grid and grid.endswith("open")
   assert "at its best rate" not in text
+
+
+def test_study_twos_open_edge_is_closed_by_study_threes_run_below_it():
+  """docs/lm.md, study 2's decisions: B2's frame rate 0.03 (study 3) against 0.1."""
+  import pathlib
+
+  root = pathlib.Path(__file__).resolve().parents[1]
+  groups, _ = report_lib.load_runs(root / "results" / "lm-norms")
+  b2 = norms_tables.grids(groups["lm"])["sweep"]["B2"]
+  low, best = b2.mean(0.03), b2.mean(0.1)
+  assert low is not None and best is not None and low > best
+  doc = (root / "docs" / "lm.md").read_text(encoding="utf-8")
+  assert f"0.03, at seeds 0-1: {low:.4f}, above 0.1's\n  {best:.4f}" in doc
