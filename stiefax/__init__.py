@@ -43,6 +43,8 @@ if typing.TYPE_CHECKING:  # the static view of the names loaded by __getattr__
   from stiefax._hyperball import hyperball
   from stiefax._hyperball import muonh
   from stiefax._matrix import POLAR_METHODS
+  from stiefax._muon import ManifoldMuonState
+  from stiefax._muon import manifold_muon
   from stiefax._projections import canonical_gradient
   from stiefax._projections import grassmann_project
   from stiefax._projections import step_norm_cap
@@ -56,8 +58,6 @@ if typing.TYPE_CHECKING:  # the static view of the names loaded by __getattr__
   from stiefax._transforms import polar_retract
   from stiefax._transforms import retract
   from stiefax._transforms import scalar_moment
-  from stiefax.muon import ManifoldMuonState
-  from stiefax.muon import manifold_muon
 
 __version__ = "0.3.0"
 
@@ -88,8 +88,8 @@ _EXPORTS = {
   "adamh": "stiefax._hyperball",
   "muonh": "stiefax._hyperball",
   "HyperballState": "stiefax._hyperball",
-  "ManifoldMuonState": "stiefax.muon",
-  "manifold_muon": "stiefax.muon",
+  "ManifoldMuonState": "stiefax._muon",
+  "manifold_muon": "stiefax._muon",
   "canonical_gradient": "stiefax._projections",
   "grassmann_project": "stiefax._projections",
   "step_norm_cap": "stiefax._projections",

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import optax
 
 from stiefax import _checks
+from stiefax import _geometry as geometry
 from stiefax import _transforms
-from stiefax import geometry
 from stiefax._frames import FrameSpec
 from stiefax._fused import fused_scalar_adam
 from stiefax._layouts import EUCLIDEAN_LABEL

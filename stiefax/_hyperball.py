@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import optax
 
 from stiefax import _checks
+from stiefax import _geometry as geometry
 from stiefax import _routing
-from stiefax import geometry
 from stiefax._frames import FrameSpec
 from stiefax._layouts import decay_mask
 from stiefax._layouts import path_names

@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import optax
 
 from stiefax import _checks
+from stiefax import _geometry as geometry
 from stiefax import _routing
-from stiefax import geometry
 from stiefax._resolve import FramesLike
 from stiefax._resolve import checked_frames
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from stiefax import _checks
-from stiefax import geometry
+from stiefax import _geometry as geometry
 from stiefax._frames import FrameSpec
 
 

@@ -47,8 +47,8 @@ import numpy as np
 import optax
 
 from stiefax import _checks
+from stiefax import _geometry as geometry
 from stiefax import _routing
-from stiefax import geometry
 from stiefax._matrix import POLAR_METHODS
 from stiefax._resolve import FramesLike
 from stiefax._resolve import checked_frames

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stiefax import geometry
+from stiefax import _geometry as geometry
 from stiefax.certificates._core import Certificate
 from stiefax.certificates._core import certificate
 from stiefax.certificates._core import certify
