@@ -72,7 +72,7 @@ def riemannian_adam(
       eta_t = -lr * m_hat_t / (sqrt(v_hat_t) + eps)
       eta_t = eta_t * min(1, tau sqrt(r) / ||eta_t||_F)     # step cap, tau = max_norm
       W    <- polar(W + eta_t)                              # polar retraction
-                                                            # (or QR / Cayley)
+                                                            # (or another retraction)
 
   It is steepest descent in the embedded metric (Proposition 2), degree zero in the
   gradient at ``eps = 0`` (Proposition 3(ii)), keeps ``sigma_min(W + eta) >= 1`` and
@@ -124,8 +124,8 @@ def riemannian_adam(
       ``"canonical"`` (eq. 4).
     moment: ``"scalar"`` (one ``v`` per frame) or ``"elementwise"``.
     method: the polar retraction's method, see :func:`stiefax.polar_retract`.
-    retraction: ``"polar"`` (the paper's), ``"qr"`` or ``"cayley"``; see
-      :func:`stiefax.retract`.
+    retraction: one of :data:`stiefax.RETRACTIONS` (``"polar"``, the paper's, by
+      default); see :func:`stiefax.retract`.
     frames: how each leaf is viewed as frames (``None``: by its name, see
       :func:`stiefax.layouts.resolve_frames`).
     mu_dtype: dtype of the first moment (default: the parameter's).
@@ -201,9 +201,16 @@ def _retraction(
   bound: Optional[float] = None,
   init_tol: Optional[float] = None,
 ) -> optax.GradientTransformation:
-  if retraction == "polar":
-    return _transforms.polar_retract(method, frames=frames, step_bound=bound, init_tol=init_tol)
-  return _transforms.retract(retraction, method, frames=frames, step_bound=bound, init_tol=init_tol)
+  """The chain's last transform, :func:`stiefax.retract` (the polar one is
+  :func:`stiefax.polar_retract`, and named so in its messages)."""
+  return _transforms.retract(
+    retraction,
+    method,
+    frames=frames,
+    step_bound=bound,
+    init_tol=init_tol,
+    name="polar_retract" if retraction == "polar" else "retract",
+  )
 
 
 def riemannian_sgd(
@@ -233,7 +240,7 @@ def riemannian_sgd(
     learning_rate: the fixed step ``eta`` (a float or an Optax schedule).
     projector: ``"grassmann"`` (PA16), ``"stiefel"`` or ``"canonical"``.
     method: the polar retraction's method, see :func:`stiefax.polar_retract`.
-    retraction: ``"polar"``, ``"qr"`` or ``"cayley"``; see :func:`stiefax.retract`.
+    retraction: one of :data:`stiefax.RETRACTIONS`; see :func:`stiefax.retract`.
     frames: how each leaf is viewed as frames (``None``: by its name, see
       :func:`stiefax.layouts.resolve_frames`).
     init_tol: the largest ``max|W^T W - I|`` that ``init`` accepts (default

@@ -43,6 +43,9 @@ __all__ = [
   "inverse_sqrt",
   "qr_retract",
   "cayley_retract",
+  "Retraction",
+  "RETRACTION_TABLE",
+  "retraction_by_name",
   "retraction_step",
   "compute_dtype",
 ]
@@ -311,6 +314,88 @@ def adam_coefficient(v: jax.Array, count: jax.Array, b1: Any, b2: Any, eps: Any)
   return safe_divide(1, (1 - jnp.asarray(b1, dtype) ** t) * den)
 
 
+class Retraction(NamedTuple):
+  """A retraction of ``St(d, r)``: one row of :data:`RETRACTION_TABLE`.
+
+  ``retract(W, eta, method=..., step_bound=..., sq_norm=...)`` is ``R_W(eta)`` for a
+  batch of frames ``W`` ``(..., d, r)`` on the manifold and finite steps ``eta`` of
+  their shape (zero where a step was not finite); :func:`retraction_step` calls it
+  and keeps ``W`` where a step is zero or not finite. The options are the same for
+  every row, and a row ignores those it has no use for: ``method`` the polar method
+  (one of :data:`stiefax.POLAR_METHODS`), ``step_bound`` the ``tau`` of a preceding
+  step cap (``||eta||_F <= tau sqrt(r)``) or ``None``, ``sq_norm`` ``||eta||_F^2`` per
+  frame. Every retraction agrees with ``W + eta`` to first order,
+  ``R_W(eta) = W + eta + O(||eta||^2)``.
+
+  Example:
+    >>> from stiefax import geometry
+    >>> geometry.RETRACTION_TABLE["qr"].takes_method, geometry.RETRACTION_TABLE["polar"].takes_method
+    (False, True)
+
+  Attributes:
+    retract: ``(W, eta, *, method, step_bound, sq_norm) -> R_W(eta)``.
+    takes_method: whether ``method=`` picks how it is computed (the polar factor's
+      algorithm; the LAPACK-backed ones warn on the CPU backend).
+  """
+
+  retract: Callable[..., jax.Array]
+  takes_method: bool
+
+
+def _polar_retract(
+  w: jax.Array, eta: jax.Array, *, method: str, step_bound: Any, sq_norm: jax.Array
+) -> jax.Array:
+  """``polar(W + eta)``; after a capped step, the prescaled Newton-Schulz iteration of
+  :func:`retraction_step`."""
+  if method in ("auto", "newton_schulz") and step_bound is not None:
+    a = (w + eta) * jax.lax.rsqrt(1 + sq_norm)[..., None, None]
+    iterations = newton_schulz_iterations(step_bound, w.shape[-1], w.dtype)
+    return polar_newton_schulz(a, iterations, prescaled=True)
+  return polar(w + eta, method, step_bound=step_bound)
+
+
+def _qr_retract(w: jax.Array, eta: jax.Array, **_: Any) -> jax.Array:
+  return qr_retract(w, eta)
+
+
+def _cayley_retract(w: jax.Array, eta: jax.Array, **_: Any) -> jax.Array:
+  return cayley_retract(w, eta)
+
+
+#: The retractions by name (``retraction=`` of :func:`retraction_step`,
+#: :func:`stiefax.retract`, the aliases and :func:`stiefax.manifold_muon`; their names
+#: are :data:`stiefax.RETRACTIONS`): ``"polar"``, :func:`polar` of ``W + eta`` (the
+#: paper's, section 3.2, and the only one of second order: its ``O(||eta||^2)`` term
+#: is normal); ``"qr"``, :func:`qr_retract`; ``"cayley"``, :func:`cayley_retract`. A
+#: new retraction is a row here and its function.
+RETRACTION_TABLE: dict[str, Retraction] = {
+  "polar": Retraction(_polar_retract, takes_method=True),
+  "qr": Retraction(_qr_retract, takes_method=False),
+  "cayley": Retraction(_cayley_retract, takes_method=False),
+}
+
+
+def retraction_by_name(name: str) -> Retraction:
+  """The row ``name`` of :data:`RETRACTION_TABLE`; a ValueError names the valid ones.
+
+  Example:
+    >>> from stiefax import geometry
+    >>> geometry.retraction_by_name("cayley").takes_method
+    False
+
+  Args:
+    name: a key of :data:`RETRACTION_TABLE`.
+
+  Returns:
+    The :class:`Retraction`.
+  """
+  if name not in RETRACTION_TABLE:
+    raise ValueError(
+      f"Unknown retraction {name!r}; valid retractions are {tuple(RETRACTION_TABLE)}."
+    )
+  return RETRACTION_TABLE[name]
+
+
 def retraction_step(
   w: jax.Array,
   eta: jax.Array,
@@ -322,10 +407,9 @@ def retraction_step(
 ) -> tuple[jax.Array, jax.Array]:
   """``(R_W(eta) - W, finite)`` per frame; a zero or non-finite step keeps ``W``.
 
-  ``R`` is ``polar(W + eta)`` (``method`` picks the algorithm; section 3.2), or with
-  ``retraction="qr"`` / ``"cayley"`` :func:`qr_retract` / :func:`cayley_retract`.
-  ``finite`` says, per frame, whether the step was finite (a non-finite one is
-  replaced by zero).
+  ``R`` is the row ``retraction`` of :data:`RETRACTION_TABLE`: by default
+  ``polar(W + eta)`` (``method`` picks the algorithm; section 3.2). ``finite`` says,
+  per frame, whether the step was finite (a non-finite one is replaced by zero).
 
   ``sq_norm`` is ``||eta||_F^2`` per frame when the caller knows it. With a step bound
   the polar factor is the prescaled Newton-Schulz iteration: ``A^T A = I + eta^T eta``
@@ -345,28 +429,21 @@ def retraction_step(
   Args:
     w: frames ``(..., d, r)`` on the manifold.
     eta: steps of the same shape (tangent for the bounds above).
-    retraction: one of :data:`stiefax.RETRACTIONS`.
-    method: the polar method (``retraction="polar"``), one of :data:`stiefax.POLAR_METHODS`.
+    retraction: a key of :data:`RETRACTION_TABLE` (one of :data:`stiefax.RETRACTIONS`).
+    method: the polar method (for the rows that take one), one of
+      :data:`stiefax.POLAR_METHODS`.
     step_bound: ``tau`` with ``||eta||_F <= tau sqrt(r)`` for every frame, or ``None``.
     sq_norm: ``||eta||_F^2`` per frame, or ``None`` to compute it.
 
   Returns:
     ``(delta, finite)``: ``delta`` of ``w``'s shape, ``finite`` of its batch shape.
   """
+  row = retraction_by_name(retraction)
   if sq_norm is None:
     sq_norm = frame_sq_norm(eta)
   finite = jnp.isfinite(sq_norm)
   moved = finite & (sq_norm > 0)
   eta = jnp.where(finite[..., None, None], eta, 0)
-  if retraction == "qr":
-    target = qr_retract(w, eta)
-  elif retraction == "cayley":
-    target = cayley_retract(w, eta)
-  elif method in ("auto", "newton_schulz") and step_bound is not None:
-    c = 1 + jnp.where(finite, sq_norm, 0)
-    a = (w + eta) * jax.lax.rsqrt(c)[..., None, None]
-    iterations = newton_schulz_iterations(step_bound, w.shape[-1], w.dtype)
-    target = polar_newton_schulz(a, iterations, prescaled=True)
-  else:
-    target = polar(w + eta, method, step_bound=step_bound)
+  sq_norm = jnp.where(finite, sq_norm, 0)
+  target = row.retract(w, eta, method=method, step_bound=step_bound, sq_norm=sq_norm)
   return jnp.where(moved[..., None, None], target - w, 0), finite

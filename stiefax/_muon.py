@@ -174,7 +174,7 @@ def manifold_muon(
       m_t = Pi_W(beta m_{t-1} + g_t)                     # momentum, transported
       G_t = Pi_W(beta m_t + g_t)  (nesterov)  or  m_t
       A_t = argmax {tr(G_t^T A) : ||A||_2 <= 1, W^T A + A^T W = 0}
-      W  <- R_W(-lr * A_t)                               # polar / QR / Cayley
+      W  <- R_W(-lr * A_t)                               # a retraction, polar by default
 
   ``A_t`` comes from :func:`spectral_tangent_direction`: ``iterations`` steps of
   preconditioned dual ascent on Bernstein's dual, warm-started from the previous
@@ -209,14 +209,14 @@ def manifold_muon(
     nesterov: use the Nesterov direction ``beta m_t + g_t`` (as ``optax.contrib.muon``).
     iterations: dual iterations per update.
     ns_iterations: Newton-Schulz iterations per inverse square root.
-    retraction: ``"polar"``, ``"qr"`` or ``"cayley"`` (see :func:`stiefax.retract`).
+    retraction: one of :data:`stiefax.RETRACTIONS` (see :func:`stiefax.retract`).
     frames: how each leaf is viewed as frames (``None``: by its name, see
       :func:`stiefax.layouts.resolve_frames`).
 
   Returns:
     An ``optax.GradientTransformation`` whose ``update`` needs ``params``.
   """
-  _checks.check_name("retraction", retraction, _transforms.RETRACTIONS)
+  geometry.retraction_by_name(retraction)  # a ValueError naming the valid ones
   _checks.check_hyperparams(
     "manifold_muon",
     learning_rate=learning_rate,

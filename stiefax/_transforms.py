@@ -69,8 +69,9 @@ __all__ = [
 #: Tangent projectors by name (``projector=`` of the moments and the aliases).
 PROJECTORS = tuple(geometry.PROJECTIONS)
 
-#: Retractions by name (``retraction=`` of :func:`retract` and the aliases).
-RETRACTIONS = ("polar", "qr", "cayley")
+#: Retractions by name (``retraction=`` of :func:`retract` and the aliases): the rows
+#: of :data:`stiefax.geometry.RETRACTION_TABLE`.
+RETRACTIONS = tuple(geometry.RETRACTION_TABLE)
 
 _OFF_MANIFOLD = (
   "stiefax.{name}.init: the parameter at {path} (shape {shape}, {dtype}) is not on"
@@ -403,17 +404,18 @@ def retract(
   """Retracts each frame with the chosen retraction; put it last in a chain.
 
   Returns ``R_W(eta) - W``, so ``optax.apply_updates(W, updates)`` lands on
-  ``R_W(eta)``:
+  ``R_W(eta)``, for ``R`` the row ``retraction`` of
+  :data:`stiefax.geometry.RETRACTION_TABLE`: ``"polar"``, ``polar(W + eta)`` (the
+  default; :func:`polar_retract`), ``"qr"``, ``qf(W + eta)`` with ``diag(R) > 0``
+  (:func:`stiefax.geometry.qr_retract`), or ``"cayley"``, the Cayley transform of
+  ``Omega = P eta W^T - W eta^T P``, ``P = I - W W^T / 2``
+  (:func:`stiefax.geometry.cayley_retract`), on the manifold exactly for a tangent
+  ``eta``.
 
-  * ``"polar"``: ``polar(W + eta)`` (the default; :func:`polar_retract`).
-  * ``"qr"``: ``qf(W + eta)`` with ``diag(R) > 0`` (:func:`stiefax.geometry.qr_retract`).
-  * ``"cayley"``: the Cayley transform of ``Omega = P eta W^T - W eta^T P``,
-    ``P = I - W W^T / 2`` (:func:`stiefax.geometry.cayley_retract`), on the manifold
-    exactly for a tangent ``eta``.
-
-  All three agree to first order (``R_W(eta) = W + eta + O(||eta||^2)``); only the
-  polar one is second order (its ``O(||eta||^2)`` term is normal). All are matrix
-  products only (safe in fused CPU programs) unless ``method`` names a LAPACK polar.
+  Every retraction agrees with ``W + eta`` to first order (``R_W(eta) = W + eta +
+  O(||eta||^2)``); the polar one is second order (its ``O(||eta||^2)`` term is
+  normal). These three are matrix products only (safe in fused CPU programs) unless
+  ``method`` names a LAPACK polar.
   State, ``init`` checks and the non-finite rule as in :func:`polar_retract`.
 
   Example:
@@ -428,10 +430,11 @@ def retract(
 
   Args:
     retraction: one of :data:`stiefax.RETRACTIONS`.
-    method: the polar method (``retraction="polar"`` only), see :func:`polar_retract`.
+    method: the polar method (for the retractions that take one, such as
+      ``"polar"``), see :func:`polar_retract`.
     frames: how each leaf is viewed as frames (``None``: by its name, see
       :func:`stiefax.layouts.resolve_frames`).
-    step_bound: ``tau`` of a preceding step cap (``retraction="polar"`` only), see
+    step_bound: ``tau`` of a preceding step cap (``"polar"`` uses it), see
       :func:`polar_retract`.
     init_tol: the largest ``max|W^T W - I|`` that ``init`` accepts (default
       ``max(1e-3, 4 eps)`` of each parameter's dtype), see :func:`polar_retract`.
@@ -462,14 +465,12 @@ def _retract(
   init_tol: Any,
   name: str,
 ) -> optax.GradientTransformation:
-  _checks.check_name("retraction", retraction, RETRACTIONS)
+  row = geometry.retraction_by_name(retraction)
   _checks.check_hyperparams(name, step_bound=step_bound, init_tol=init_tol)
   if method not in POLAR_METHODS:
     raise ValueError(f"Unknown polar method {method!r}; valid methods are {POLAR_METHODS}.")
   if (
-    retraction == "polar"
-    and method in geometry.DECOMPOSITION_METHODS
-    and jax.default_backend() == "cpu"
+    row.takes_method and method in geometry.DECOMPOSITION_METHODS and jax.default_backend() == "cpu"
   ):
     # The caller of polar_retract / retract.
     warnings.warn(_LAPACK_WARNING.format(method=method), RuntimeWarning, stacklevel=3)

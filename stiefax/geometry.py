@@ -11,19 +11,23 @@ or an update), ``sym(A) = (A + A^T) / 2``.
 
 This module holds the math of one frame that the transforms, the fused optimizer and
 the diagnostics share: the tangent projections (one table, :data:`PROJECTIONS`), the
-transport of the first moment, the Adam coefficient, and the retraction of a step. The
-matrix functions (polar factors, inverse square roots, QR and Cayley retractions) are
-implemented in ``stiefax._matrix`` and re-exported here.
+transport of the first moment, the Adam coefficient, and the retractions (one table,
+:data:`RETRACTION_TABLE`) with the retraction of a step. The matrix functions (polar
+factors, inverse square roots, QR and Cayley retractions) are implemented in
+``stiefax._matrix`` and re-exported here.
 """
 
 from stiefax._geometry import PROJECTIONS
+from stiefax._geometry import RETRACTION_TABLE
 from stiefax._geometry import Projection
+from stiefax._geometry import Retraction
 from stiefax._geometry import adam_coefficient
 from stiefax._geometry import canonical_tangent
 from stiefax._geometry import grassmann_horizontal
 from stiefax._geometry import isometry_residual
 from stiefax._geometry import project_and_transport
 from stiefax._geometry import projection
+from stiefax._geometry import retraction_by_name
 from stiefax._geometry import retraction_step
 from stiefax._geometry import safe_divide
 from stiefax._geometry import stiefel_tangent
@@ -60,6 +64,9 @@ __all__ = [
   "inverse_sqrt",
   "qr_retract",
   "cayley_retract",
+  "Retraction",
+  "RETRACTION_TABLE",
+  "retraction_by_name",
   "retraction_step",
   "compute_dtype",
 ]
