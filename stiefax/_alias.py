@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 from typing import Callable
 from typing import NamedTuple
@@ -368,6 +369,51 @@ def _keeps_own_frames(
   return optax.GradientTransformation(init_fn, stiefel.update)
 
 
+class _FramesReading(NamedTuple):
+  """``frames=`` of :func:`stiefel_adamw`, read once.
+
+  Attributes:
+    rule: the frames a factory ``stiefel`` is called with: ``frames``, or
+      :func:`stiefax.layouts.qk_frames` for ``None``.
+    rest: ``(path, param) -> FrameSpec or None``: the spec of a frame parameter that
+      it selects only part of (AdamW trains the other entries), else ``None``. For
+      ``None`` only the fused layouts known by name are read, since a ready
+      ``stiefel`` keeps frames of its own that ``stiefel_adamw`` cannot read.
+    ready: what a ready ``stiefel`` becomes: for given ``frames``, a transform whose
+      ``init`` refuses frames that read a parameter otherwise than ``frames=None``
+      does (:func:`_keeps_own_frames`); for ``None``, itself.
+  """
+
+  rule: FramesLike
+  rest: Callable[[Any, Any], Optional[FrameSpec]]
+  ready: Callable[[optax.GradientTransformation], optax.GradientTransformation]
+
+
+def _read_frames(frames: FramesLike) -> _FramesReading:
+  """The one reading of ``frames=`` (and of ``frames=None``) in :func:`stiefel_adamw`."""
+  if frames is not None:
+    return _FramesReading(
+      frames,
+      functools.partial(_partly_selected, frames),
+      functools.partial(_keeps_own_frames, frames=frames),
+    )
+  named = qk_frames()
+
+  def rest(path: Any, w: Any) -> Optional[FrameSpec]:
+    layout = layout_of(path_names(path))
+    if layout is None or not layout.partial:
+      return None
+    return _partly_selected(named, path, w)
+
+  return _FramesReading(named, rest, lambda stiefel: stiefel)
+
+
+def _partly_selected(frames: FramesLike, path: Any, w: Any) -> Optional[FrameSpec]:
+  """The FrameSpec of ``w`` if it selects part of it, else ``None``."""
+  spec = checked_frames(frames, path, w)
+  return None if spec.select is None else spec
+
+
 def _at(rate: Any, count: Any) -> Any:
   return rate(count) if callable(rate) else rate
 
@@ -535,8 +581,7 @@ def stiefel_adamw(
   )
   if not isinstance(nesterov, bool):
     raise ValueError(f"stiefax.stiefel_adamw: nesterov must be a bool, got {nesterov!r}.")
-  named = qk_frames()
-  target = named if frames is None else frames
+  reading = _read_frames(frames)
   if isinstance(stiefel, optax.GradientTransformation):
     if stiefel_learning_rate is not None or peak_learning_rate is not None:
       raise ValueError(
@@ -547,29 +592,18 @@ def stiefel_adamw(
       )
     if callable(learning_rate):
       warnings.warn(_READY_WITH_SCHEDULE, UserWarning, stacklevel=2)
-    if frames is not None:
-      stiefel = _keeps_own_frames(stiefel, frames)
+    stiefel = reading.ready(stiefel)
   else:
     rate = _frame_rate(learning_rate, stiefel_learning_rate, peak_learning_rate)
     if stiefel is None:
-      stiefel = riemannian_adam(rate, frames=target)
+      stiefel = riemannian_adam(rate, frames=reading.rule)
     elif callable(stiefel):
-      stiefel = stiefel(rate, frames=target)
+      stiefel = stiefel(rate, frames=reading.rule)
     else:
       raise TypeError(
         "stiefax.stiefel_adamw: stiefel= must be None, an optax.GradientTransformation"
         f" or a factory (learning_rate, frames=...) -> transform; got {stiefel!r}."
       )
-
-  def rest_spec(path: Any, w: jax.Array) -> Optional[FrameSpec]:
-    # Without frames= and with a custom stiefel, only the fused layouts known by name
-    # are consulted (stiefel was given their FrameSpecs, or it would reject them).
-    if frames is None:
-      layout = layout_of(path_names(path))
-      if layout is None or not layout.partial:
-        return None
-    spec = checked_frames(named if frames is None else frames, path, w)
-    return None if spec.select is None else spec
 
   def euclidean() -> optax.GradientTransformation:
     return optax.adamw(
@@ -584,7 +618,7 @@ def stiefel_adamw(
 
   inner = optax.partition(
     {
-      STIEFEL_LABEL: _frames_and_rest(stiefel, euclidean(), rest_spec),
+      STIEFEL_LABEL: _frames_and_rest(stiefel, euclidean(), reading.rest),
       EUCLIDEAN_LABEL: euclidean(),
     },
     checked_labels(labels, "stiefel_adamw"),
