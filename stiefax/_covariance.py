@@ -115,6 +115,24 @@ def _frame_matmul(
   return _map_selected(leaf, params, labels, label)
 
 
+#: The group a rotation on each side of a frame ``d x r`` belongs to.
+_GROUP = {"left": "O(d)", "right": "O(r)"}
+
+
+def _rotation(
+  mat: jax.Array, side: str, frames: FramesLike, labels: LabelsLike, label: str
+) -> Action:
+  """``W -> M W`` (``side="left"``) or ``W -> W M`` (``"right"``) on every selected
+  frame, for orthogonal ``M``; the inverse multiplies by ``M^T`` on the same side."""
+  mat = jnp.asarray(mat)
+  mat_t = jnp.swapaxes(mat, -1, -2)
+  return Action(
+    f"{side} {_GROUP[side]}",
+    lambda p: _frame_matmul(mat, p, frames, labels, label, side),
+    lambda p: _frame_matmul(mat_t, p, frames, labels, label, side),
+  )
+
+
 def left_rotation(
   q: jax.Array,
   frames: FramesLike = None,
@@ -153,13 +171,7 @@ def left_rotation(
   Returns:
     An :class:`Action`.
   """
-  q = jnp.asarray(q)
-  qt = jnp.swapaxes(q, -1, -2)
-  return Action(
-    "left O(d)",
-    lambda p: _frame_matmul(q, p, frames, labels, label, "left"),
-    lambda p: _frame_matmul(qt, p, frames, labels, label, "left"),
-  )
+  return _rotation(q, "left", frames, labels, label)
 
 
 def right_rotation(
@@ -200,13 +212,7 @@ def right_rotation(
   Returns:
     An :class:`Action`.
   """
-  r = jnp.asarray(r)
-  rt = jnp.swapaxes(r, -1, -2)
-  return Action(
-    "right O(r)",
-    lambda p: _frame_matmul(r, p, frames, labels, label, "right"),
-    lambda p: _frame_matmul(rt, p, frames, labels, label, "right"),
-  )
+  return _rotation(r, "right", frames, labels, label)
 
 
 def rescale(c: float, *, labels: LabelsLike = None, label: str = STIEFEL_LABEL) -> Action:
