@@ -42,11 +42,11 @@ from stiefax import _checks
 from stiefax import _geometry as geometry
 from stiefax import _routing
 from stiefax._frames import FrameSpec
+from stiefax._moments import ScalarMomentState
 from stiefax._resolve import FramesLike
 from stiefax._resolve import checked_frames
 from stiefax._routing import expand
 from stiefax._transforms import PolarRetractState
-from stiefax._transforms import ScalarMomentState
 
 _WRONG_STATE = (
   "riemannian_adam: the optimizer state holds {n} {kind} entries where the fused update"

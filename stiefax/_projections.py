@@ -26,11 +26,15 @@ from stiefax._resolve import FramesLike
 from stiefax._resolve import checked_frames
 
 __all__ = [
+  "PROJECTORS",
   "stiefel_project",
   "grassmann_project",
   "canonical_gradient",
   "step_norm_cap",
 ]
+
+#: Tangent projectors by name (``projector=`` of the moments and the aliases).
+PROJECTORS = tuple(geometry.PROJECTIONS)
 
 
 def _projection(

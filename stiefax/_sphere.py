@@ -19,10 +19,10 @@ from stiefax import _checks
 from stiefax import _geometry as geometry
 from stiefax import _routing
 from stiefax._frames import FrameSpec
+from stiefax._moments import ScalarMomentState
 from stiefax._projections import norm_cap
 from stiefax._resolve import FramesLike
 from stiefax._resolve import resolve_frames
-from stiefax._transforms import ScalarMomentState
 
 __all__ = ["sphere_project", "sphere_retract", "sphere_moment", "sphere_adam", "hyperball_adam"]
 

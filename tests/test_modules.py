@@ -111,6 +111,11 @@ def test_no_module_uses_another_modules_private_names(name):
   assert not bad, f"stiefax/{name}.py uses private names of other modules: {bad}"
 
 
+# The library modules still over 500 lines, each to be split along its seam (the layout
+# table and the readers of parameter names).
+LONG_LIBRARY = {"stiefax/_layouts.py"}
+
+
 def test_no_module_over_about_600_lines():
   lengths = {
     str(p.relative_to(PACKAGE.parent)): len(p.read_text(encoding="utf-8").splitlines())
@@ -118,6 +123,13 @@ def test_no_module_over_about_600_lines():
   }
   too_long = {name: n for name, n in lengths.items() if n > 650}
   assert not too_long, too_long
+  library = {
+    name: n
+    for name, n in lengths.items()
+    if n > 500 and not name.startswith("stiefax/experiments") and name not in LONG_LIBRARY
+  }
+  assert not library, f"library modules over 500 lines (split them along a seam): {library}"
+  assert all(lengths[name] > 500 for name in LONG_LIBRARY), "shorter now: take it off the list"
 
 
 def test_tests_do_not_import_test_modules():
