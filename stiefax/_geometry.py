@@ -363,10 +363,8 @@ def _cayley_retract(w: jax.Array, eta: jax.Array, **_: Any) -> jax.Array:
 
 
 #: The retractions by name (``retraction=`` of :func:`retraction_step`,
-#: :func:`stiefax.retract`, the aliases and :func:`stiefax.manifold_muon`; their names
-#: are :data:`stiefax.RETRACTIONS`): ``"polar"``, :func:`polar` of ``W + eta`` (the
-#: paper's, section 3.2, and the only one of second order: its ``O(||eta||^2)`` term
-#: is normal); ``"qr"``, :func:`qr_retract`; ``"cayley"``, :func:`cayley_retract`. A
+#: :func:`stiefax.retract`, the aliases and :func:`stiefax.manifold_muon`; the names
+#: are :data:`stiefax.RETRACTIONS`, the rows described in :func:`stiefax.retract`). A
 #: new retraction is a row here and its function.
 RETRACTION_TABLE: dict[str, Retraction] = {
   "polar": Retraction(_polar_retract, takes_method=True),
