@@ -17,16 +17,6 @@ from stiefax._resolve import FramesLike
 from stiefax._resolve import LabelsLike
 from stiefax._resolve import resolve_frames
 
-__all__ = [
-  "Action",
-  "left_rotation",
-  "right_rotation",
-  "rescale",
-  "gradient_scale",
-  "covariance_violation",
-]
-
-
 # ----------------------------------------------------------------------------
 # Actions.
 # ----------------------------------------------------------------------------
@@ -202,12 +192,9 @@ def right_rotation(
   Args:
     r: an orthogonal ``(r, r)`` matrix, or a batch of them broadcasting against the
       frames' batch shape.
-    frames: how each leaf is viewed as frames (``None``:
-      :func:`stiefax.layouts.qk_frames`).
-    labels: which leaves to act on: ``None`` (default: the query/key weights found by
-      :func:`stiefax.layouts.qk_labels`; a single array is acted on whole), a label tree
-      or a callable ``params -> labels`` (see :func:`stiefax.labels.resolve_labels`).
-    label: the label of the leaves to act on.
+    frames: as in :func:`left_rotation`.
+    labels: as in :func:`left_rotation`.
+    label: as in :func:`left_rotation`.
 
   Returns:
     An :class:`Action`.

@@ -23,16 +23,6 @@ from stiefax._resolve import LabelsLike
 from stiefax._resolve import checked_frames
 from stiefax._resolve import resolve_frames
 
-__all__ = [
-  "isometry_error",
-  "tangency_error",
-  "GaugeContent",
-  "gauge_content",
-  "equivariance_violation",
-  "StepStatistics",
-  "step_statistics",
-]
-
 
 def _labelled_leaves(
   params: Any, labels: LabelsLike, label: str, frames: FramesLike

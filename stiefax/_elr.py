@@ -16,15 +16,6 @@ from stiefax._resolve import LabelsLike
 from stiefax._resolve import resolve_frames
 from stiefax._routing import per_leaf
 
-__all__ = [
-  "ELR",
-  "effective_learning_rate",
-  "angular_update",
-  "update_summary",
-  "reference_elr_schedule",
-  "ReferenceELR",
-]
-
 
 class ELR(NamedTuple):
   """Radial and tangential parts of an update, and the angle it turns.

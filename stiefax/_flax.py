@@ -18,19 +18,12 @@ from stiefax import _geometry as geometry
 from stiefax._frames import FrameSpec
 from stiefax._layouts import STIEFEL_LABEL
 from stiefax._layouts import no_frames_message
+from stiefax._matrix import compute_dtype
 from stiefax._resolve import FramesLike
 from stiefax._resolve import LabelsLike
 from stiefax._resolve import checked_frames
 from stiefax._resolve import resolve_frames
 from stiefax._resolve import resolve_labels
-
-__all__ = [
-  "orthonormal_init",
-  "project_params",
-  "orthogonality_penalty",
-  "QKNorm",
-  "NnxQKNorm",
-]
 
 
 def _map_labelled(
@@ -86,7 +79,7 @@ def orthonormal_init(frames: FramesLike = None) -> Callable[..., chex.Array]:
     whole = FrameSpec(spec.row_axis, spec.col_axes)
     split_shape = spec.split_shape(shape)
     batch_shape, d, r = whole.frame_shape(split_shape)
-    cd = jnp.promote_types(geometry.compute_dtype(dtype), jnp.float32)
+    cd = jnp.promote_types(compute_dtype(dtype), jnp.float32)
     a = jax.random.normal(key, batch_shape + (d, r), cd)
     q, rr = jnp.linalg.qr(a)
     signs = jnp.where(jnp.diagonal(rr, axis1=-2, axis2=-1) < 0, -1, 1).astype(cd)

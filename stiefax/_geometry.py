@@ -9,46 +9,15 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from stiefax._matrix import DECOMPOSITION_METHODS
 from stiefax._matrix import cayley_retract
-from stiefax._matrix import compute_dtype
 from stiefax._matrix import eye_like
 from stiefax._matrix import frame_sq_norm
-from stiefax._matrix import inverse_sqrt
 from stiefax._matrix import mT
 from stiefax._matrix import newton_schulz_iterations
 from stiefax._matrix import polar
 from stiefax._matrix import polar_newton_schulz
 from stiefax._matrix import qr_retract
 from stiefax._matrix import sym
-
-__all__ = [
-  "DECOMPOSITION_METHODS",
-  "PROJECTIONS",
-  "Projection",
-  "sym",
-  "mT",
-  "eye_like",
-  "stiefel_tangent",
-  "grassmann_horizontal",
-  "canonical_tangent",
-  "projection",
-  "project_and_transport",
-  "frame_sq_norm",
-  "isometry_residual",
-  "safe_divide",
-  "adam_coefficient",
-  "polar",
-  "newton_schulz_iterations",
-  "inverse_sqrt",
-  "qr_retract",
-  "cayley_retract",
-  "Retraction",
-  "RETRACTION_TABLE",
-  "retraction_by_name",
-  "retraction_step",
-  "compute_dtype",
-]
 
 
 def stiefel_tangent(w: jax.Array, g: jax.Array) -> jax.Array:

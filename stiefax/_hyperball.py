@@ -35,6 +35,7 @@ from stiefax import _geometry as geometry
 from stiefax import _routing
 from stiefax._frames import FrameSpec
 from stiefax._layouts import path_names
+from stiefax._matrix import compute_dtype
 
 __all__ = [
   "HYPERBALL_LABEL",
@@ -155,7 +156,7 @@ class HyperballState(NamedTuple):
 
 
 def _cd(dtype: Any) -> Any:
-  return jnp.promote_types(geometry.compute_dtype(dtype), jnp.float32)
+  return jnp.promote_types(compute_dtype(dtype), jnp.float32)
 
 
 def _leaf_spec(frames: Any, path: Any, w: Any) -> FrameSpec:

@@ -9,8 +9,6 @@ from stiefax._layouts import STIEFEL_LABEL
 from stiefax._resolve import LabelsLike
 from stiefax._resolve import resolve_labels
 
-__all__ = ["label_mask"]
-
 
 def label_mask(
   params: optax.Params, labels: LabelsLike = None, label: str = STIEFEL_LABEL

@@ -18,6 +18,7 @@ import optax
 from stiefax import _checks
 from stiefax import _geometry as geometry
 from stiefax import _routing
+from stiefax._matrix import compute_dtype
 from stiefax._resolve import FramesLike
 from stiefax._resolve import checked_frames
 from stiefax._routing import expand
@@ -79,7 +80,7 @@ def _moment(
   def init_fn(params: optax.Params) -> ScalarMomentState | ElementwiseMomentState:
     def leaf(path: Any, w: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
       spec = checked_frames(frames, path, w)
-      nu_dtype = jnp.promote_types(geometry.compute_dtype(w.dtype), jnp.float32)
+      nu_dtype = jnp.promote_types(compute_dtype(w.dtype), jnp.float32)
       # zeros_like: a state built from sharded params is sharded like them.
       mu = jnp.zeros_like(w, dtype=mu_dtype or w.dtype)
       skipped = _routing.zeros_per_frame(spec, w, jnp.int32)

@@ -15,17 +15,10 @@ from stiefax import _checks
 from stiefax import _geometry as geometry
 from stiefax import _routing
 from stiefax import _transforms
+from stiefax._matrix import compute_dtype
+from stiefax._matrix import inverse_sqrt
 from stiefax._resolve import FramesLike
 from stiefax._resolve import checked_frames
-
-__all__ = [
-  "DUAL_ITERATIONS",
-  "NS_ITERATIONS",
-  "SpectralStep",
-  "spectral_tangent_direction",
-  "ManifoldMuonState",
-  "manifold_muon",
-]
 
 #: Default dual iterations per update (warm-started from the previous multiplier).
 DUAL_ITERATIONS = 10
@@ -100,7 +93,7 @@ def spectral_tangent_direction(
     b: jax.Array,
   ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
     """The direction of ``b`` made feasible, its residual and its relative gap."""
-    z, root = geometry.inverse_sqrt(mT(b) @ b + c, ns_iterations)
+    z, root = inverse_sqrt(mT(b) @ b + c, ns_iterations)
     tangency = sym(b @ z)  # sym(W^T A) for A = Y Z
     residual = jnp.sqrt(jnp.sum(jnp.square(tangency), axis=(-2, -1)))
     scale = 1 / (1 + residual)
@@ -233,7 +226,7 @@ def manifold_muon(
     ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
       spec = checked_frames(frames, path, w)
       skipped = _routing.zeros_per_frame(spec, w, jnp.int32)
-      cd = jnp.promote_types(geometry.compute_dtype(w.dtype), jnp.float32)
+      cd = jnp.promote_types(compute_dtype(w.dtype), jnp.float32)
       r = spec.frame_shape(w.shape)[2]
       multiplier = jnp.zeros(skipped.shape + (r, r), cd)
       # Distinct buffers (a donated state must not alias one array twice).
@@ -276,7 +269,7 @@ def manifold_muon(
       skipped: jax.Array,
     ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
       spec = checked_frames(frames, path, w)
-      cd = jnp.promote_types(geometry.compute_dtype(g.dtype), lam.dtype)
+      cd = jnp.promote_types(compute_dtype(g.dtype), lam.dtype)
       wf = spec.to_frames(w).astype(cd)
       gf = spec.to_frames(g).astype(cd)
       m_prev = spec.to_frames(mu).astype(cd)

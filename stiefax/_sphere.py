@@ -19,12 +19,11 @@ from stiefax import _checks
 from stiefax import _geometry as geometry
 from stiefax import _routing
 from stiefax._frames import FrameSpec
+from stiefax._matrix import compute_dtype
 from stiefax._moments import ScalarMomentState
 from stiefax._projections import norm_cap
 from stiefax._resolve import FramesLike
 from stiefax._resolve import resolve_frames
-
-__all__ = ["sphere_project", "sphere_retract", "sphere_moment", "sphere_adam", "hyperball_adam"]
 
 
 class _Frames(NamedTuple):
@@ -64,7 +63,7 @@ def frame_inner(a: jax.Array, b: jax.Array, axes: Sequence[int]) -> jax.Array:
 
 
 def _cd(x: jax.Array) -> jnp.dtype:
-  return jnp.promote_types(geometry.compute_dtype(x.dtype), jnp.float32)
+  return jnp.promote_types(compute_dtype(x.dtype), jnp.float32)
 
 
 def project_to_sphere_tangent(w: jax.Array, g: jax.Array, axes: Sequence[int]) -> jax.Array:

@@ -52,7 +52,9 @@ import optax
 from stiefax import _checks
 from stiefax import _geometry as geometry
 from stiefax import _routing
+from stiefax._matrix import DECOMPOSITION_METHODS
 from stiefax._matrix import POLAR_METHODS
+from stiefax._matrix import compute_dtype
 from stiefax._resolve import FramesLike
 from stiefax._resolve import checked_frames
 
@@ -246,9 +248,7 @@ def _retract(
   _checks.check_hyperparams(name, step_bound=step_bound, init_tol=init_tol)
   if method not in POLAR_METHODS:
     raise ValueError(f"Unknown polar method {method!r}; valid methods are {POLAR_METHODS}.")
-  if (
-    row.takes_method and method in geometry.DECOMPOSITION_METHODS and jax.default_backend() == "cpu"
-  ):
+  if row.takes_method and method in DECOMPOSITION_METHODS and jax.default_backend() == "cpu":
     # The caller of polar_retract / retract.
     warnings.warn(_LAPACK_WARNING.format(method=method), RuntimeWarning, stacklevel=3)
 
@@ -269,7 +269,7 @@ def _retract(
         # Under jit (or nnx.jit, vmap, ...) the same check runs with the program and
         # raises from it: a JaxRuntimeError that carries this ValueError's message.
         wf = spec.to_frames(w)
-        cd = jnp.promote_types(geometry.compute_dtype(w.dtype), jnp.float32)
+        cd = jnp.promote_types(compute_dtype(w.dtype), jnp.float32)
         wf = wf.astype(cd)
         gram = geometry.mT(wf) @ wf
         err = jnp.max(jnp.abs(gram - geometry.eye_like(gram)), initial=0.0)
