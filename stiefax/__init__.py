@@ -33,31 +33,31 @@ if typing.TYPE_CHECKING:  # the static view of the names loaded by __getattr__
   from stiefax import muon
   from stiefax import sphere
   from stiefax._alias import MOMENTS
-  from stiefax._alias import FramesAndRestState
   from stiefax._alias import riemannian_adam
   from stiefax._alias import riemannian_sgd
-  from stiefax._alias import stiefel_adamw
   from stiefax._frames import FrameSpec
   from stiefax._hyperball import HyperballState
-  from stiefax._hyperball import adamh
   from stiefax._hyperball import hyperball
-  from stiefax._hyperball import muonh
+  from stiefax._hyperball_alias import adamh
+  from stiefax._hyperball_alias import muonh
   from stiefax._matrix import POLAR_METHODS
+  from stiefax._moments import ElementwiseMomentState
+  from stiefax._moments import ScalarMomentState
+  from stiefax._moments import elementwise_moment
+  from stiefax._moments import scalar_moment
+  from stiefax._muon import ManifoldMuonState
+  from stiefax._muon import manifold_muon
+  from stiefax._projections import PROJECTORS
   from stiefax._projections import canonical_gradient
   from stiefax._projections import grassmann_project
   from stiefax._projections import step_norm_cap
   from stiefax._projections import stiefel_project
-  from stiefax._transforms import PROJECTORS
+  from stiefax._stiefel_adamw import FramesAndRestState
+  from stiefax._stiefel_adamw import stiefel_adamw
   from stiefax._transforms import RETRACTIONS
-  from stiefax._transforms import ElementwiseMomentState
   from stiefax._transforms import PolarRetractState
-  from stiefax._transforms import ScalarMomentState
-  from stiefax._transforms import elementwise_moment
   from stiefax._transforms import polar_retract
   from stiefax._transforms import retract
-  from stiefax._transforms import scalar_moment
-  from stiefax.muon import ManifoldMuonState
-  from stiefax.muon import manifold_muon
 
 __version__ = "0.3.0"
 
@@ -79,30 +79,30 @@ _SUBMODULES = (
 _EXPORTS = {
   "POLAR_METHODS": "stiefax._matrix",
   "MOMENTS": "stiefax._alias",
-  "FramesAndRestState": "stiefax._alias",
+  "FramesAndRestState": "stiefax._stiefel_adamw",
   "riemannian_adam": "stiefax._alias",
   "riemannian_sgd": "stiefax._alias",
-  "stiefel_adamw": "stiefax._alias",
+  "stiefel_adamw": "stiefax._stiefel_adamw",
   "FrameSpec": "stiefax._frames",
   "hyperball": "stiefax._hyperball",
-  "adamh": "stiefax._hyperball",
-  "muonh": "stiefax._hyperball",
+  "adamh": "stiefax._hyperball_alias",
+  "muonh": "stiefax._hyperball_alias",
   "HyperballState": "stiefax._hyperball",
-  "ManifoldMuonState": "stiefax.muon",
-  "manifold_muon": "stiefax.muon",
+  "ManifoldMuonState": "stiefax._muon",
+  "manifold_muon": "stiefax._muon",
   "canonical_gradient": "stiefax._projections",
   "grassmann_project": "stiefax._projections",
   "step_norm_cap": "stiefax._projections",
   "stiefel_project": "stiefax._projections",
-  "PROJECTORS": "stiefax._transforms",
+  "PROJECTORS": "stiefax._projections",
   "RETRACTIONS": "stiefax._transforms",
-  "ElementwiseMomentState": "stiefax._transforms",
+  "ElementwiseMomentState": "stiefax._moments",
   "PolarRetractState": "stiefax._transforms",
-  "ScalarMomentState": "stiefax._transforms",
-  "elementwise_moment": "stiefax._transforms",
+  "ScalarMomentState": "stiefax._moments",
+  "elementwise_moment": "stiefax._moments",
   "polar_retract": "stiefax._transforms",
   "retract": "stiefax._transforms",
-  "scalar_moment": "stiefax._transforms",
+  "scalar_moment": "stiefax._moments",
 }
 
 __all__ = [

@@ -39,14 +39,15 @@ import jax.numpy as jnp
 import optax
 
 from stiefax import _checks
+from stiefax import _geometry as geometry
 from stiefax import _routing
-from stiefax import geometry
 from stiefax._frames import FrameSpec
+from stiefax._matrix import compute_dtype
+from stiefax._moments import ScalarMomentState
 from stiefax._resolve import FramesLike
 from stiefax._resolve import checked_frames
 from stiefax._routing import expand
 from stiefax._transforms import PolarRetractState
-from stiefax._transforms import ScalarMomentState
 
 _WRONG_STATE = (
   "riemannian_adam: the optimizer state holds {n} {kind} entries where the fused update"
@@ -205,7 +206,7 @@ def fused_scalar_adam(
     if scheduled and len(held) != 1:
       types = tuple(type(s).__name__ for s in states)
       raise ValueError(_WRONG_STATE.format(n=len(held), kind="learning-rate", types=types))
-    ones = jax.tree.map(lambda w: jnp.ones([], geometry.compute_dtype(w.dtype)), params)
+    ones = jax.tree.map(lambda w: jnp.ones([], compute_dtype(w.dtype)), params)
     lr_state = states[held[0]] if scheduled else optax.EmptyState()
     neg_lr, lr_state = lr_tx.update(ones, lr_state)
     if scheduled:

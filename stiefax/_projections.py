@@ -20,17 +20,22 @@ import jax.numpy as jnp
 import optax
 
 from stiefax import _checks
+from stiefax import _geometry as geometry
 from stiefax import _routing
-from stiefax import geometry
+from stiefax._matrix import compute_dtype
 from stiefax._resolve import FramesLike
 from stiefax._resolve import checked_frames
 
 __all__ = [
+  "PROJECTORS",
   "stiefel_project",
   "grassmann_project",
   "canonical_gradient",
   "step_norm_cap",
 ]
+
+#: Tangent projectors by name (``projector=`` of the moments and the aliases).
+PROJECTORS = tuple(geometry.PROJECTIONS)
 
 
 def _projection(
@@ -154,7 +159,7 @@ def step_norm_cap(
     path: Any, u: jax.Array
   ) -> tuple[jax.Array, jax.Array, int, Callable[..., Any]]:
     spec = checked_frames(frames, path, u)
-    cd = jnp.promote_types(geometry.compute_dtype(u.dtype), jnp.float32)
+    cd = jnp.promote_types(compute_dtype(u.dtype), jnp.float32)
     eta = spec.to_frames(u).astype(cd)
     restore = lambda x: spec.from_frames(x, u.shape).astype(u.dtype)
     return eta, _routing.expand(geometry.frame_sq_norm(eta)), eta.shape[-1], restore

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import optax
 
 from stiefax import _checks
-from stiefax import geometry
 from stiefax._frames import FrameSpec
+from stiefax._matrix import compute_dtype
 
 
 def map_with_params(
@@ -51,7 +51,7 @@ def per_leaf(fn: Callable[..., Any], n_out: int, tree: Any, *rest: Any) -> tuple
 
 def update_dtype(u: Any, w: Any) -> jnp.dtype:
   """The dtype a frame's update is computed in: float32 or the wider of ``u`` and ``w``."""
-  return geometry.compute_dtype(jnp.promote_types(u.dtype, w.dtype))
+  return compute_dtype(jnp.promote_types(u.dtype, w.dtype))
 
 
 def expand(per_frame: jax.Array) -> jax.Array:

@@ -11,20 +11,26 @@ or an update), ``sym(A) = (A + A^T) / 2``.
 
 This module holds the math of one frame that the transforms, the fused optimizer and
 the diagnostics share: the tangent projections (one table, :data:`PROJECTIONS`), the
-transport of the first moment, the Adam coefficient, and the retraction of a step. The
-matrix functions (polar factors, inverse square roots, QR and Cayley retractions) are
-implemented in ``stiefax._matrix`` and re-exported here.
+transport of the first moment, the Adam coefficient, and the retractions (one table,
+:data:`RETRACTION_TABLE`) with the retraction of a step. The matrix functions (polar
+factors, inverse square roots, QR and Cayley retractions) are implemented in
+``stiefax._matrix`` and re-exported here.
 """
 
-from __future__ import annotations
-
-from typing import Any
-from typing import Callable
-from typing import NamedTuple
-
-import jax
-import jax.numpy as jnp
-
+from stiefax._geometry import PROJECTIONS
+from stiefax._geometry import RETRACTION_TABLE
+from stiefax._geometry import Projection
+from stiefax._geometry import Retraction
+from stiefax._geometry import adam_coefficient
+from stiefax._geometry import canonical_tangent
+from stiefax._geometry import grassmann_horizontal
+from stiefax._geometry import isometry_residual
+from stiefax._geometry import project_and_transport
+from stiefax._geometry import projection
+from stiefax._geometry import retraction_by_name
+from stiefax._geometry import retraction_step
+from stiefax._geometry import safe_divide
+from stiefax._geometry import stiefel_tangent
 from stiefax._matrix import DECOMPOSITION_METHODS
 from stiefax._matrix import cayley_retract
 from stiefax._matrix import compute_dtype
@@ -34,7 +40,6 @@ from stiefax._matrix import inverse_sqrt
 from stiefax._matrix import mT
 from stiefax._matrix import newton_schulz_iterations
 from stiefax._matrix import polar
-from stiefax._matrix import polar_newton_schulz
 from stiefax._matrix import qr_retract
 from stiefax._matrix import sym
 
@@ -59,330 +64,9 @@ __all__ = [
   "inverse_sqrt",
   "qr_retract",
   "cayley_retract",
+  "Retraction",
+  "RETRACTION_TABLE",
+  "retraction_by_name",
   "retraction_step",
   "compute_dtype",
 ]
-
-
-def stiefel_tangent(w: jax.Array, g: jax.Array) -> jax.Array:
-  """Tangent projection in the embedded (Euclidean) metric, paper eq. (3).
-
-  ``Pi_W(G) = G - W sym(W^T G)``. It is the orthogonal projection of ``R^{d x r}``
-  onto ``T_W St = {X : W^T X + X^T W = 0}``, so ``Pi_W G`` is the Riemannian
-  gradient of a loss with Euclidean gradient ``G`` (Proposition 2). Its kernel is the
-  normal space ``{W S : S = S^T}``, which contains the weight-decay gradient
-  ``lambda W`` (Proposition 8).
-
-  Example:
-    >>> import jax, jax.numpy as jnp, stiefax
-    >>> from stiefax import geometry
-    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 3))
-    >>> xi = geometry.stiefel_tangent(w, jax.random.normal(jax.random.key(1), (6, 3)))
-    >>> bool(jnp.max(jnp.abs(w.T @ xi + xi.T @ w)) < 1e-6)        # tangent
-    True
-    >>> bool(jnp.max(jnp.abs(geometry.stiefel_tangent(w, 0.1 * w))) < 1e-7)  # decay
-    True
-
-  Args:
-    w: frames ``(..., d, r)`` on the manifold.
-    g: ambient matrices of the same shape.
-
-  Returns:
-    The tangent part of ``g`` at ``w``.
-  """
-  return g - w @ sym(mT(w) @ g)
-
-
-def grassmann_horizontal(w: jax.Array, g: jax.Array) -> jax.Array:
-  """Horizontal projection ``Pi^h_W(G) = (I - W W^T) G`` (the PA16 / B2-SGD projector).
-
-  It removes the per-frame gauge block ``W (W^T G)`` as well as the normal part, so
-  ``||Pi_W G||^2 = ||Pi^h_W G||^2 + ||Pi_{G_W} G||^2`` (Proposition 2, eq. 12).
-
-  Example:
-    >>> import jax, jax.numpy as jnp, stiefax
-    >>> from stiefax import geometry
-    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 3))
-    >>> g = jax.random.normal(jax.random.key(1), (6, 3))
-    >>> h, xi = geometry.grassmann_horizontal(w, g), geometry.stiefel_tangent(w, g)
-    >>> bool(jnp.max(jnp.abs(w.T @ h)) < 1e-6)   # horizontal: W^T h = 0
-    True
-    >>> skew = xi - h                            # the per-frame block W skew(W^T G)
-    >>> bool(abs(geometry.frame_sq_norm(xi) - geometry.frame_sq_norm(h)
-    ...          - geometry.frame_sq_norm(skew)) < 1e-5)   # eq. (12)
-    True
-
-  Args:
-    w: frames ``(..., d, r)`` on the manifold.
-    g: ambient matrices of the same shape.
-
-  Returns:
-    The horizontal part of ``g`` at ``w``.
-  """
-  return g - w @ (mT(w) @ g)
-
-
-def canonical_tangent(w: jax.Array, g: jax.Array) -> jax.Array:
-  """Riemannian gradient in the canonical metric, paper eq. (4): ``G - W G^T W``.
-
-  Args:
-    w: frames ``(..., d, r)`` on the manifold.
-    g: Euclidean gradients of the same shape.
-
-  Returns:
-    The canonical-metric gradient (a tangent vector at ``w``; the B2m-can arm).
-
-  Example:
-    >>> import jax, jax.numpy as jnp, stiefax
-    >>> from stiefax import geometry
-    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 3))
-    >>> xi = geometry.canonical_tangent(w, jax.random.normal(jax.random.key(1), (6, 3)))
-    >>> bool(jnp.max(jnp.abs(w.T @ xi + xi.T @ w)) < 1e-6)
-    True
-  """
-  return g - w @ (mT(g) @ w)
-
-
-def isometry_residual(w: jax.Array) -> jax.Array:
-  """Per-frame isometry error ``max_ij |(W^T W - I)_ij|``: zero on ``St(d, r)``.
-
-  Example:
-    >>> import jax.numpy as jnp
-    >>> from stiefax import geometry
-    >>> geometry.isometry_residual(jnp.stack([jnp.eye(3)[:, :2], 2 * jnp.eye(3)[:, :2]]))
-    Array([0., 3.], dtype=float32)
-
-  Args:
-    w: frames ``(..., d, r)``.
-
-  Returns:
-    The residuals, shape ``w.shape[:-2]``.
-  """
-  gram = mT(w) @ w
-  return jnp.max(jnp.abs(gram - eye_like(gram)), axis=(-2, -1))
-
-
-def _identity(a: jax.Array) -> jax.Array:
-  return a
-
-
-class Projection(NamedTuple):
-  """A tangent projection of the form ``Pi_W(G) = G - W N(W^T G)``, with ``N`` linear.
-
-  Example:
-    >>> from stiefax import geometry
-    >>> geometry.PROJECTIONS["canonical"].transport
-    'stiefel'
-
-  Attributes:
-    project: ``(W, G) -> Pi_W(G)``.
-    normal: ``N``, a linear map of ``r x r`` matrices (``sym`` for eq. (3), the
-      identity for the horizontal projection, the transpose for eq. (4)).
-    transport: the name of the projection that re-projects first moments at the
-      current point (moment transport): the orthogonal projection onto the space the
-      projected gradients lie in (eq. (3) for the canonical gradient).
-  """
-
-  project: Callable[[jax.Array, jax.Array], jax.Array]
-  normal: Callable[[jax.Array], jax.Array]
-  transport: str
-
-
-#: The tangent projections by name (``projector=`` of the transforms and optimizers).
-PROJECTIONS = {
-  "stiefel": Projection(stiefel_tangent, sym, "stiefel"),
-  "grassmann": Projection(grassmann_horizontal, _identity, "grassmann"),
-  "canonical": Projection(canonical_tangent, mT, "stiefel"),
-}
-
-
-def projection(name: str) -> Projection:
-  """The :class:`Projection` called ``name``; a ValueError names the valid ones.
-
-  Example:
-    >>> from stiefax import geometry
-    >>> geometry.projection("grassmann").transport
-    'grassmann'
-
-  Args:
-    name: a key of :data:`PROJECTIONS`.
-
-  Returns:
-    The projection.
-  """
-  if name not in PROJECTIONS:
-    raise ValueError(f"Unknown projector {name!r}; valid projectors are {tuple(PROJECTIONS)}.")
-  return PROJECTIONS[name]
-
-
-def project_and_transport(
-  w: jax.Array,
-  g: jax.Array,
-  m_prev: jax.Array,
-  b1: Any,
-  projector: str = "stiefel",
-  *,
-  concat: bool = True,
-) -> tuple[jax.Array, jax.Array]:
-  """``xi = Pi_W(g)`` and ``m = T_W(b1 m_prev + (1 - b1) xi)`` from shared products.
-
-  ``Pi`` is the projection ``projector`` and ``T`` its transport (see
-  :class:`Projection`). Both have the form ``x - W N(W^T x)`` with ``N`` linear, so
-  the products ``W^T [g | m_prev]`` give both ``N`` arguments and
-  ``W [N_g | b1 N_m + (1 - b1) N_g]`` gives ``xi`` and ``m``:
-  ``xi = g - W N_g``, ``m = b1 m_prev + (1 - b1) g - W N_mix`` (the first moment of
-  the paper's section 3.2, re-projected at ``W``). With ``concat`` each pair is one
-  matrix product; without, two (for frames viewed through a transpose, where XLA folds
-  the transpose into separate products but must copy it into a concatenation).
-
-  Example:
-    >>> import jax, jax.numpy as jnp, stiefax
-    >>> from stiefax import geometry
-    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 3))
-    >>> g, m0 = jax.random.normal(jax.random.key(1), (2, 6, 3))
-    >>> xi, m = geometry.project_and_transport(w, g, m0, 0.9)
-    >>> want = geometry.stiefel_tangent(w, 0.9 * m0 + 0.1 * xi)
-    >>> bool(jnp.allclose(m, want, atol=1e-6))
-    True
-
-  Args:
-    w: frames ``(..., d, r)`` on the manifold.
-    g: incoming updates of the same shape.
-    m_prev: the previous first moments, same shape.
-    b1: the first-moment decay.
-    projector: a key of :data:`PROJECTIONS`.
-    concat: compute each pair of products as one product.
-
-  Returns:
-    ``(xi, m)``.
-  """
-  proj = projection(projector)
-  r = w.shape[-1]
-  if concat:
-    p = mT(w) @ jnp.concatenate([g, m_prev], axis=-1)
-    a, b = p[..., :r], p[..., r:]
-  else:
-    a, b = mT(w) @ g, mT(w) @ m_prev
-  n_g = proj.normal(a)
-  n_m = PROJECTIONS[proj.transport].normal(b)
-  n_mix = b1 * n_m + (1 - b1) * n_g
-  if concat:
-    q = w @ jnp.concatenate([n_g, n_mix], axis=-1)
-    wn_g, wn_mix = q[..., :r], q[..., r:]
-  else:
-    wn_g, wn_mix = w @ n_g, w @ n_mix
-  return g - wn_g, b1 * m_prev + (1 - b1) * g - wn_mix
-
-
-def safe_divide(num: Any, den: jax.Array) -> jax.Array:
-  """``num / den`` where ``den > 0``, else 0 (no ``0 / 0``, and no NaN in gradients).
-
-  Example:
-    >>> import jax.numpy as jnp
-    >>> from stiefax import geometry
-    >>> geometry.safe_divide(jnp.array([1.0, 1.0]), jnp.array([2.0, 0.0]))
-    Array([0.5, 0. ], dtype=float32)
-
-  Args:
-    num: the numerator (broadcasts against ``den``).
-    den: the denominator.
-
-  Returns:
-    The quotient, 0 where ``den <= 0`` (or NaN).
-  """
-  pos = den > 0
-  return jnp.where(pos, num / jnp.where(pos, den, 1), 0)
-
-
-def adam_coefficient(v: jax.Array, count: jax.Array, b1: Any, b2: Any, eps: Any) -> jax.Array:
-  """Adam's bias-corrected step per unit of first moment: ``step = coef * m``.
-
-  ``coef = 1 / ((1 - b1^t) (sqrt(v / (1 - b2^t)) + eps))``, i.e. the step
-  ``m_hat / (sqrt(v_hat) + eps)`` of the paper's section 3.2 with
-  ``m_hat = m / (1 - b1^t)`` and ``v_hat = v / (1 - b2^t)``. Where the denominator
-  ``sqrt(v_hat) + eps`` is zero (``v_hat = 0`` and ``eps = 0``) the step is defined as
-  zero, not ``0 / 0``. ``v`` is one scalar per frame (the scalar moment) or one per
-  entry (the elementwise moment); the coefficient has its shape and dtype.
-
-  Example:
-    >>> import jax.numpy as jnp
-    >>> from stiefax import geometry
-    >>> v = jnp.array([4.0, 0.0])        # after one step: v_hat = v / (1 - b2) = (16, 0)
-    >>> geometry.adam_coefficient(v, jnp.array(1), 0.5, 0.75, 0.0)  # 1 / (0.5 * 4)
-    Array([0.5, 0. ], dtype=float32)
-
-  Args:
-    v: the second moment (before bias correction).
-    count: the step number ``t >= 1`` (an int scalar).
-    b1: the first-moment decay.
-    b2: the second-moment decay.
-    eps: added to ``sqrt(v_hat)``.
-
-  Returns:
-    The coefficient, shape and dtype of ``v``.
-  """
-  dtype = v.dtype
-  t = count.astype(dtype)
-  den = jnp.sqrt(v / (1 - jnp.asarray(b2, dtype) ** t)) + eps
-  return safe_divide(1, (1 - jnp.asarray(b1, dtype) ** t) * den)
-
-
-def retraction_step(
-  w: jax.Array,
-  eta: jax.Array,
-  *,
-  retraction: str = "polar",
-  method: str = "auto",
-  step_bound: Any = None,
-  sq_norm: Any = None,
-) -> tuple[jax.Array, jax.Array]:
-  """``(R_W(eta) - W, finite)`` per frame; a zero or non-finite step keeps ``W``.
-
-  ``R`` is ``polar(W + eta)`` (``method`` picks the algorithm; section 3.2), or with
-  ``retraction="qr"`` / ``"cayley"`` :func:`qr_retract` / :func:`cayley_retract`.
-  ``finite`` says, per frame, whether the step was finite (a non-finite one is
-  replaced by zero).
-
-  ``sq_norm`` is ``||eta||_F^2`` per frame when the caller knows it. With a step bound
-  the polar factor is the prescaled Newton-Schulz iteration: ``A^T A = I + eta^T eta``
-  for a tangent ``eta`` (Proposition 6(i)), so ``c = 1 + ||eta||_F^2`` bounds
-  ``lambda_max(A^T A)`` and ``A / sqrt(c)`` enters the iteration directly (no reduction
-  of the Gram matrix), for the fixed count of :func:`newton_schulz_iterations`.
-
-  Example:
-    >>> import jax, jax.numpy as jnp, stiefax
-    >>> from stiefax import geometry
-    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 3))
-    >>> eta = geometry.stiefel_tangent(w, 0.1 * jax.random.normal(jax.random.key(1), (6, 3)))
-    >>> delta, finite = geometry.retraction_step(w, eta, step_bound=0.1)
-    >>> bool(geometry.isometry_residual(w + delta) < 1e-5), bool(finite)
-    (True, True)
-
-  Args:
-    w: frames ``(..., d, r)`` on the manifold.
-    eta: steps of the same shape (tangent for the bounds above).
-    retraction: one of :data:`stiefax.RETRACTIONS`.
-    method: the polar method (``retraction="polar"``), one of :data:`stiefax.POLAR_METHODS`.
-    step_bound: ``tau`` with ``||eta||_F <= tau sqrt(r)`` for every frame, or ``None``.
-    sq_norm: ``||eta||_F^2`` per frame, or ``None`` to compute it.
-
-  Returns:
-    ``(delta, finite)``: ``delta`` of ``w``'s shape, ``finite`` of its batch shape.
-  """
-  if sq_norm is None:
-    sq_norm = frame_sq_norm(eta)
-  finite = jnp.isfinite(sq_norm)
-  moved = finite & (sq_norm > 0)
-  eta = jnp.where(finite[..., None, None], eta, 0)
-  if retraction == "qr":
-    target = qr_retract(w, eta)
-  elif retraction == "cayley":
-    target = cayley_retract(w, eta)
-  elif method in ("auto", "newton_schulz") and step_bound is not None:
-    c = 1 + jnp.where(finite, sq_norm, 0)
-    a = (w + eta) * jax.lax.rsqrt(c)[..., None, None]
-    iterations = newton_schulz_iterations(step_bound, w.shape[-1], w.dtype)
-    target = polar_newton_schulz(a, iterations, prescaled=True)
-  else:
-    target = polar(w + eta, method, step_bound=step_bound)
-  return jnp.where(moved[..., None, None], target - w, 0), finite

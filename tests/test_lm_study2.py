@@ -78,7 +78,7 @@ def test_temperatures_and_gains_are_adamw_parameters_without_decay():
   mask = optim.decay_mask(p)
   for i in range(TINY.depth):
     attn_labels, attn_mask = labels[f"layer_{i}"]["attn"], mask[f"layer_{i}"]["attn"]
-    assert attn_labels["q_gain"] != stiefax.labels.STIEFEL_LABEL
+    assert attn_labels["q_gain"] != stiefax.layouts.STIEFEL_LABEL
     assert not attn_mask["q_gain"] and not attn_mask["k_gain"]
   assert not optim.decay_mask({"temperature": jnp.zeros(TINY.heads)})["temperature"]
 

@@ -2,7 +2,8 @@
 
 No import cycles, no reaching into private names, and one home per public name: every
 name is defined in exactly one module and exported from ``stiefax`` or from one
-documented submodule (the modules of the API reference), never from two. Across the
+documented submodule (the modules of the API reference), never from two; a documented
+submodule is a face (imports and ``__all__``) over private modules. Across the
 package, the benchmarks and the examples, a standard-library submodule is imported where
 it is used.
 """
@@ -110,6 +111,11 @@ def test_no_module_uses_another_modules_private_names(name):
   assert not bad, f"stiefax/{name}.py uses private names of other modules: {bad}"
 
 
+# The library modules still over 500 lines, each to be split along its seam (the layout
+# table and the readers of parameter names).
+LONG_LIBRARY = {"stiefax/_layouts.py"}
+
+
 def test_no_module_over_about_600_lines():
   lengths = {
     str(p.relative_to(PACKAGE.parent)): len(p.read_text(encoding="utf-8").splitlines())
@@ -117,6 +123,13 @@ def test_no_module_over_about_600_lines():
   }
   too_long = {name: n for name, n in lengths.items() if n > 650}
   assert not too_long, too_long
+  library = {
+    name: n
+    for name, n in lengths.items()
+    if n > 500 and not name.startswith("stiefax/experiments") and name not in LONG_LIBRARY
+  }
+  assert not library, f"library modules over 500 lines (split them along a seam): {library}"
+  assert all(lengths[name] > 500 for name in LONG_LIBRARY), "shorter now: take it off the list"
 
 
 def test_tests_do_not_import_test_modules():
@@ -278,6 +291,68 @@ def test_each_public_name_is_exported_from_one_documented_module():
     if name not in top
   ]
   assert not missing, f"public names exported from no documented module: {missing}"
+
+
+# The public modules of the library but the package itself: the documented submodules.
+FACES = sorted(
+  p for p in PACKAGE.glob("*.py") if not p.stem.startswith("_") and p.stem != "certificates"
+)
+
+
+def _face_problems(source: str) -> list[str]:
+  """What keeps a module from being a face: a statement other than its docstring,
+  ``from __future__`` imports, ``from stiefax._private import name`` lines and
+  ``__all__``, or an imported name that ``__all__`` does not list (or the reverse)."""
+  tree = ast.parse(source)
+  problems = [] if ast.get_docstring(tree) else ["no module docstring"]
+  body = tree.body[1:] if ast.get_docstring(tree) else tree.body
+  imported: list[str] = []
+  listed: list[str] = []
+  for node in body:
+    if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+      continue
+    if isinstance(node, ast.ImportFrom) and _is_private(node.module or "") and not node.level:
+      imported += [a.asname or a.name for a in node.names]
+    elif isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"]:
+      listed = list(ast.literal_eval(node.value))
+    else:
+      problems.append(f"line {node.lineno}: {ast.unparse(node).splitlines()[0]}")
+  if sorted(imported) != sorted(listed):
+    problems.append(
+      f"imports {sorted(set(imported) - set(listed))} not in __all__,"
+      f" lists {sorted(set(listed) - set(imported))} not imported"
+    )
+  return problems
+
+
+def test_the_documented_modules_are_the_faces():
+  """The faces are the documented submodules (``certificates`` is a package of its own)."""
+  assert {f"stiefax.{p.stem}" for p in FACES} | {"stiefax", "stiefax.certificates"} == set(
+    _documented_modules()
+  )
+
+
+@pytest.mark.parametrize("path", FACES, ids=lambda p: p.stem)
+def test_every_public_module_is_a_face(path):
+  """A documented module holds no code: its docstring, the imports of its names from
+  private modules and its ``__all__``. So its names are reachable from it alone
+  (``stiefax.geometry.jnp`` is not), and its bodies live in a private module."""
+  problems = _face_problems(path.read_text(encoding="utf-8"))
+  assert not problems, f"stiefax/{path.name} is not a face: {problems}"
+  module = importlib.import_module(f"stiefax.{path.stem}")
+  reachable = {n for n in vars(module) if not n.startswith("__")} - {"annotations"}
+  assert reachable == set(module.__all__), reachable ^ set(module.__all__)
+
+
+def test_the_face_check_finds_code_and_leaks():
+  ok = '"""Doc."""\nfrom __future__ import annotations\nfrom stiefax._m import a\n__all__ = ["a"]\n'
+  assert _face_problems(ok) == []
+  body = ok + "def f():\n  return 1\n"
+  assert _face_problems(body) == ["line 5: def f():"]
+  leak = ok.replace("import a", "import a, jnp")
+  assert _face_problems(leak) == ["imports ['jnp'] not in __all__, lists [] not imported"]
+  public = ok.replace("stiefax._m", "stiefax.geometry")
+  assert _face_problems(public)[0] == "line 3: from stiefax.geometry import a"
 
 
 def test_the_package_exports_what_it_imports():

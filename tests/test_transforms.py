@@ -1,5 +1,6 @@
 """Every transform crossed with a shared list of properties, plus float64 references."""
 
+import inspect
 import warnings
 
 import jax
@@ -181,6 +182,18 @@ def tangent(rng, w, scale=0.5):
   return np.stack([ref.stiefel_project(wf[h], g[h]) for h in range(len(wf))]) * scale
 
 
+# The retractions besides the paper's polar one.
+OTHER_RETRACTIONS = [name for name in stiefax.RETRACTIONS if name != "polar"]
+
+
+def _curve(name, w, xi):
+  """``t -> R_W(t xi)`` for the row ``name`` of the retraction table."""
+  row = stiefax.geometry.retraction_by_name(name)
+  return lambda t: row.retract(
+    w, t * xi, method="auto", step_bound=None, sq_norm=stiefax.geometry.frame_sq_norm(t * xi)
+  )
+
+
 def test_qr_and_cayley_match_float64_references(x64, rng):
   w = kernel(rng)
   wf, xi = to_ref(w), tangent(rng, w)
@@ -202,22 +215,18 @@ def test_qr_and_cayley_match_float64_references(x64, rng):
 def test_retractions_agree_with_polar_to_first_order(x64, rng):
   w = kernel(rng)
   wf, xi = jnp.asarray(to_ref(w)), jnp.asarray(tangent(rng, w))
-  fns = {
-    "polar": lambda t: stiefax.geometry.polar(wf + t * xi),
-    "qr": lambda t: stiefax.geometry.qr_retract(wf, t * xi),
-    "cayley": lambda t: stiefax.geometry.cayley_retract(wf, t * xi),
-  }
+  fns = {name: _curve(name, wf, xi) for name in stiefax.geometry.RETRACTION_TABLE}
   for name, fn in fns.items():
     at0, deriv = jax.jvp(fn, (jnp.zeros([]),), (jnp.ones([]),))
     assert float(jnp.max(jnp.abs(at0 - wf))) < 1e-13, name
     assert float(jnp.max(jnp.abs(deriv - xi))) < 1e-12, name
   # The difference to polar is O(t^2): halving t quarters it (QR, Cayley are first order).
-  for name in ("qr", "cayley"):
+  for name in OTHER_RETRACTIONS:
     e = [float(jnp.max(jnp.abs(fns[name](t) - fns["polar"](t)))) for t in (1e-2, 5e-3)]
     assert 3.5 < e[0] / e[1] < 4.5, (name, e)
 
 
-@pytest.mark.parametrize("retraction", ["qr", "cayley"])
+@pytest.mark.parametrize("retraction", OTHER_RETRACTIONS)
 def test_retraction_choice_in_the_aliases_and_jitted_loops(rng, retraction):
   w = kernel(rng, dtype=np.float32)
   a = rng.standard_normal((D, D))
@@ -261,9 +270,98 @@ def test_unknown_retraction_is_a_clear_error():
     lambda: stiefax.retract(retraction="exp"),
     lambda: stiefax.riemannian_adam(1.0, retraction="exp"),
     lambda: stiefax.riemannian_sgd(0.02, retraction="exp"),
+    lambda: stiefax.manifold_muon(0.02, retraction="exp"),
+    lambda: stiefax.geometry.retraction_step(jnp.eye(3), jnp.eye(3), retraction="exp"),
   ):
     with pytest.raises(ValueError, match="Unknown retraction 'exp'; valid retractions are"):
       make()
+
+
+_FORMULA_CALLS: list[int] = []
+
+
+def _polar_by_formula(w, eta, **_):
+  """``polar(W + eta)`` for a tangent ``eta`` as ``(W + eta) (I + eta^T eta)^{-1/2}``:
+  ``(W + eta)^T (W + eta) = I + eta^T eta`` when ``W^T eta`` is skew (Proposition 6(i)),
+  computed from an eigendecomposition, another formula than any row's."""
+  _FORMULA_CALLS.append(1)
+  gram = jnp.swapaxes(eta, -1, -2) @ eta
+  lam, v = jnp.linalg.eigh(stiefax.geometry.eye_like(gram) + gram)
+  return (w + eta) @ ((v * jax.lax.rsqrt(lam)[..., None, :]) @ jnp.swapaxes(v, -1, -2))
+
+
+def _descend(tx, w, a, steps=3):
+  """``steps`` jitted updates of ``tx`` on ``l(W) = -tr(W^T A W)`` per head, from ``w``."""
+  state, update = tx.init(w), jax.jit(tx.update)
+  for _ in range(steps):
+    u, state = update(-2 * jnp.einsum("de,dhr->ehr", a, w), state, w)
+    w = optax.apply_updates(w, u)
+  return w
+
+
+def _one_step(retraction, w, a):
+  """One :func:`stiefax.geometry.retraction_step` of the frames ``(H, D, R)`` of ``w``."""
+  wf = jnp.swapaxes(w, 0, 1)
+  eta = stiefax.geometry.stiefel_tangent(wf, 0.2 * a @ wf)
+  delta, _ = stiefax.geometry.retraction_step(wf, eta, retraction=retraction)
+  return jnp.swapaxes(wf + delta, 0, 1)
+
+
+# Every public function that takes retraction=, as it runs: (retraction, w, a) -> frames.
+RETRACTION_USERS = {
+  "retract": lambda r, w, a: _descend(
+    optax.chain(stiefax.stiefel_project(), optax.scale(0.1), stiefax.retract(r)), w, a
+  ),
+  "riemannian_adam": lambda r, w, a: _descend(stiefax.riemannian_adam(0.5, retraction=r), w, a),
+  "riemannian_sgd": lambda r, w, a: _descend(stiefax.riemannian_sgd(0.05, retraction=r), w, a),
+  "manifold_muon": lambda r, w, a: _descend(
+    stiefax.manifold_muon(0.1, retraction=r, iterations=2, ns_iterations=6), w, a
+  ),
+  "retraction_step": _one_step,
+}
+
+
+def _takes_retraction() -> set[str]:
+  modules = [stiefax] + [getattr(stiefax, m) for m in stiefax.__all__]
+  return {
+    name
+    for module in modules
+    if inspect.ismodule(module)
+    for name in getattr(module, "__all__", ())
+    if inspect.isfunction(fn := getattr(module, name))
+    and "retraction" in inspect.signature(fn).parameters
+  }
+
+
+def test_every_function_that_takes_a_retraction_is_crossed_with_a_new_row():
+  assert _takes_retraction() == set(RETRACTION_USERS)
+
+
+@pytest.mark.parametrize("name", sorted(RETRACTION_USERS))
+def test_a_new_retraction_is_one_row_of_the_table(x64, rng, monkeypatch, name):
+  """A retraction registered in the table, and nowhere else, runs through every function
+  that takes ``retraction=`` (checked by name, jitted, in the fused and chained Adam).
+  Being polar by another formula, it gives the polar trajectory."""
+  monkeypatch.setitem(
+    stiefax.geometry.RETRACTION_TABLE,
+    "polar_formula",
+    stiefax.geometry.Retraction(_polar_by_formula, takes_method=False),
+  )
+  w = kernel(rng)
+  a = rng.standard_normal((D, D))
+  a = jnp.asarray(a + a.T)
+  calls = len(_FORMULA_CALLS)
+  new = RETRACTION_USERS[name]("polar_formula", w, a)
+  assert len(_FORMULA_CALLS) > calls  # the row's function ran
+  np.testing.assert_allclose(new, RETRACTION_USERS[name]("polar", w, a), atol=1e-10)
+  assert float(jnp.max(jnp.abs(new - RETRACTION_USERS[name]("qr", w, a)))) > 1e-6
+  assert float(stiefax.diagnostics.isometry_error(new)) < 1e-12
+
+
+def test_a_retraction_outside_the_table_is_refused():
+  assert "polar_formula" not in stiefax.geometry.RETRACTION_TABLE
+  with pytest.raises(ValueError, match="Unknown retraction 'polar_formula'"):
+    stiefax.retract("polar_formula")
 
 
 POSITIONAL_FRAMES = {

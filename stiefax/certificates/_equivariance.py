@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from stiefax import _diagnostics as diagnostics
+from stiefax import _geometry as geometry
 from stiefax import _projections
 from stiefax import _transforms
-from stiefax import diagnostics
-from stiefax import geometry
 from stiefax._frames import FrameSpec
 from stiefax.certificates._core import Certificate
 from stiefax.certificates._core import certificate

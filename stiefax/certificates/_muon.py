@@ -12,7 +12,7 @@ import optax
 import scipy.linalg
 import scipy.optimize
 
-from stiefax import muon
+from stiefax import _muon as muon
 from stiefax.certificates._core import OPTIMUM_TOLERANCE
 from stiefax.certificates._core import Certificate
 from stiefax.certificates._core import certificate

@@ -11,11 +11,12 @@ from typing import Optional
 
 import optax
 
+from stiefax import _moments
 from stiefax import _projections
 from stiefax import _transforms
 from stiefax._alias import riemannian_adam
 from stiefax._alias import riemannian_sgd
-from stiefax._alias import stiefel_adamw
+from stiefax._stiefel_adamw import stiefel_adamw
 from stiefax.certificates._problems import TAU
 
 # Transforms are built once, so their compiled trajectories are reused across calls.
@@ -56,4 +57,4 @@ def euclidean_adam_tx(lr: float = 1e-2) -> optax.GradientTransformation:
 
 @cached_tx
 def moment_tx(b1: float = 0.9, b2: float = 0.999, eps: float = 0.0) -> optax.GradientTransformation:
-  return _transforms.scalar_moment(b1, b2, eps)
+  return _moments.scalar_moment(b1, b2, eps)

@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from stiefax import _diagnostics as diagnostics
+from stiefax import _geometry as geometry
 from stiefax import _projections
-from stiefax import diagnostics
-from stiefax import geometry
 
 # The test problem: frames of Table 9 (d = 24, r = 6, three heads), the step cap of
 # the paper (tau = 0.1), a short sequence of tokens for the attention score function.

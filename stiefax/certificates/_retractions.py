@@ -1,12 +1,20 @@
-"""Beyond the paper: the QR and Cayley retractions of :func:`stiefax.retract`."""
+"""Beyond the paper: the QR and Cayley retractions of :func:`stiefax.retract`.
+
+Each certificate reads its retraction from the table
+:data:`stiefax.geometry.RETRACTION_TABLE` by name and compares it with the polar row;
+its control (a retraction that must fail) is its own.
+"""
 
 from __future__ import annotations
+
+import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stiefax import geometry
+from stiefax import _geometry as geometry
 from stiefax.certificates._core import Certificate
 from stiefax.certificates._core import certificate
 from stiefax.certificates._core import certify
@@ -20,20 +28,28 @@ from stiefax.certificates._problems import project
 from stiefax.certificates._problems import seeded_rng
 
 
-@jax.jit
-def _retraction_jets(w: jax.Array, xi: jax.Array) -> list[tuple[jax.Array, jax.Array]]:
-  """``R(0)`` and ``d/dt R(t xi)`` at 0 for polar, QR and Cayley (forward mode)."""
-  fns = (
-    lambda t: geometry.polar(w + t * xi),
-    lambda t: geometry.qr_retract(w, t * xi),
-    lambda t: geometry.cayley_retract(w, t * xi),
-  )
+def _curve(name: str, w: jax.Array, xi: jax.Array) -> Callable[[jax.Array], jax.Array]:
+  """``t -> R_W(t xi)`` for the row ``name`` of the retraction table."""
+  retract = geometry.retraction_by_name(name).retract
+
+  def curve(t: jax.Array) -> jax.Array:
+    eta = t * xi
+    return retract(w, eta, method="auto", step_bound=None, sq_norm=geometry.frame_sq_norm(eta))
+
+  return curve
+
+
+@functools.partial(jax.jit, static_argnames="name")
+def _jet(name: str, w: jax.Array, xi: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """``R_W(0)`` and ``d/dt R_W(t xi)`` at 0 (forward mode)."""
   zero, one = jnp.zeros([], w.dtype), jnp.ones([], w.dtype)
-  return [jax.jvp(f, (zero,), (one,)) for f in fns]
+  return jax.jvp(_curve(name, w, xi), (zero,), (one,))
 
 
-_qr_jit = jax.jit(geometry.qr_retract)
-_cayley_jit = jax.jit(geometry.cayley_retract)
+@functools.partial(jax.jit, static_argnames="name")
+def _retracted(name: str, w: jax.Array, xi: jax.Array) -> jax.Array:
+  """``R_W(xi)`` for the row ``name`` of the retraction table."""
+  return _curve(name, w, xi)(jnp.ones([], w.dtype))
 
 
 @jax.jit
@@ -48,7 +64,7 @@ def _uncorrected_cayley_jet(w: jax.Array, xi: jax.Array) -> tuple[jax.Array, jax
   return jax.jvp(curve, (jnp.zeros([], w.dtype),), (jnp.ones([], w.dtype),))
 
 
-def _retraction_statistic(seed: int, salt: int, kind: str, control: bool) -> float:
+def _retraction_statistic(seed: int, salt: int, name: str, control: bool) -> float:
   """Isometry after steps of norm ``1e-3 ... 10`` and the first-order jet vs polar."""
   rng = seeded_rng(seed, salt)
   w = haar(rng, (H, D, R))
@@ -56,20 +72,18 @@ def _retraction_statistic(seed: int, salt: int, kind: str, control: bool) -> flo
   xi = xi / norm(xi)[:, None, None]
   wj, xij = jnp.asarray(w), jnp.asarray(xi)
   if control:
-    if kind == "qr":  # QR without the sign fix (LAPACK's Householder signs)
+    if name == "qr":  # QR without the sign fix (LAPACK's Householder signs)
       q, _ = np.linalg.qr(w)
       return float(np.max(np.abs(q - w)))
     at0, deriv = _uncorrected_cayley_jet(wj, xij)
     return float(jnp.maximum(jnp.max(jnp.abs(at0 - wj)), jnp.max(jnp.abs(deriv - xij))))
-  jets = _retraction_jets(wj, xij)
-  polar_at0, polar_deriv = jets[0]
-  at0, deriv = jets[1 if kind == "qr" else 2]
+  polar_at0, polar_deriv = _jet("polar", wj, xij)
+  at0, deriv = _jet(name, wj, xij)
   worst = max(
     float(jnp.max(jnp.abs(at0 - polar_at0))), float(jnp.max(jnp.abs(deriv - polar_deriv)))
   )
-  fn = _qr_jit if kind == "qr" else _cayley_jit
   for c in (1e-3, 1e-1, 1.0, 10.0):
-    new = np.asarray(fn(wj, c * xij))
+    new = np.asarray(_retracted(name, wj, c * xij))
     worst = max(worst, float(np.max(np.abs(mT(new) @ new - np.eye(R)))))
   return worst
 
