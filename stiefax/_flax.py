@@ -24,16 +24,18 @@ from stiefax._resolve import LabelsLike
 from stiefax._resolve import checked_frames
 from stiefax._resolve import resolve_frames
 from stiefax._resolve import resolve_labels
+from stiefax._resolve import warn_one_dense_frame
 
 
 def _map_labelled(
-  fn: Callable, params: Any, labels: LabelsLike, label: str, frames: FramesLike
+  fn: Callable, params: Any, labels: LabelsLike, label: str, frames: FramesLike, who: str
 ) -> Any:
   tree = resolve_labels(params, labels)
 
   def leaf(path: Any, lab: Any, w: jax.Array) -> Optional[jax.Array]:
     if lab != label:
       return None
+    warn_one_dense_frame(f"flax.{who}", frames, path, w)
     return fn(checked_frames(frames, path, w), w)
 
   return jax.tree_util.tree_map_with_path(leaf, tree, params)
@@ -134,7 +136,7 @@ def project_params(
     rest = None if spec.select is None else spec.rest(w)  # kept bit for bit
     return spec.from_frames(geometry.polar(spec.to_frames(w), method), w.shape, rest)
 
-  snapped = _map_labelled(snap, params, labels, label, frames)
+  snapped = _map_labelled(snap, params, labels, label, frames, "project_params")
   if all(s is None for s in jax.tree.leaves(snapped, is_leaf=lambda x: x is None)):
     raise ValueError(no_frames_message("project_params", params, label))
   return jax.tree.map(
@@ -180,7 +182,9 @@ def orthogonality_penalty(
     gram = geometry.mT(wf) @ wf
     return jnp.sum(jnp.square(gram - geometry.eye_like(gram)))
 
-  terms = jax.tree.leaves(_map_labelled(penalty, params, labels, label, frames))
+  terms = jax.tree.leaves(
+    _map_labelled(penalty, params, labels, label, frames, "orthogonality_penalty")
+  )
   return sum(terms, jnp.zeros([], jnp.float32))
 
 

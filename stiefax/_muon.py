@@ -234,9 +234,10 @@ def manifold_muon(
       return jnp.zeros_like(w), multiplier, residual, gap, skipped
 
     # The retraction's init validates that the frames are on the manifold.
-    retract_state = _transforms.retract(retraction, frames=frames, name="manifold_muon").init(
-      params
-    )
+    with _checks.called_as("manifold_muon"):
+      retract_state = _transforms.retract(retraction, frames=frames, name="manifold_muon").init(
+        params
+      )
     del retract_state
     mu, multiplier, residual, gap, skipped = _routing.per_leaf(leaf, 5, params)
     return ManifoldMuonState(jnp.zeros([], jnp.int32), mu, multiplier, residual, gap, skipped)

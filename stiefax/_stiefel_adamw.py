@@ -405,7 +405,8 @@ def stiefel_adamw(
         "stiefax.stiefel_adamw: init was given no parameters (an empty tree); pass the"
         " model's parameters, with its query/key frames."
       )
-    return inner.init(params)
+    with _checks.called_as("stiefel_adamw"):
+      return inner.init(params)
 
   def update_fn(
     updates: optax.Updates,

@@ -270,7 +270,7 @@ def test_bad_settings_are_one_line_errors(tmp_path, capsys, extra, message):
 
 def test_best_rate_needs_the_whole_sweep_and_ignores_later_seeds(tmp_path):
   from stiefax.experiments.flags import CommandError
-  from stiefax.experiments.lm import command
+  from stiefax.experiments.lm import grid as lm_grid
   from stiefax.experiments.lm import runs as lm_runs
   from stiefax.experiments.store import write_json
 
@@ -295,13 +295,13 @@ def test_best_rate_needs_the_whole_sweep_and_ignores_later_seeds(tmp_path):
     for s in (0, 1):
       write(lr, s, val)
   with pytest.raises(CommandError, match="not finished"):
-    command.best_rate(tmp_path, "B2", config, facts, "sweep")
+    lm_grid.best_rate(tmp_path, "B2", config, facts, "sweep")
   for s in (0, 1):
     write(0.3, s, 4.0)
-  assert command.best_rate(tmp_path, "B2", config, facts, "sweep") == 3e-3
+  assert lm_grid.best_rate(tmp_path, "B2", config, facts, "sweep") == 3e-3
   for s in range(2, 6):  # the best-rate seeds of another rate never move the choice
     write(1e-2, s, 1.0)
-  assert command.best_rate(tmp_path, "B2", config, facts, "sweep") == 3e-3
+  assert lm_grid.best_rate(tmp_path, "B2", config, facts, "sweep") == 3e-3
 
 
 @pytest.mark.slow

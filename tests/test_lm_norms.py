@@ -10,9 +10,9 @@ import pytest
 
 from stiefax.experiments import arms
 from stiefax.experiments import report as report_lib
-from stiefax.experiments.lm import command as lm_command
 from stiefax.experiments.lm import config as lm_config
 from stiefax.experiments.lm import data
+from stiefax.experiments.lm import grid as lm_grid
 from stiefax.experiments.lm import norms
 from stiefax.experiments.lm import norms_tables
 from stiefax.experiments.lm import runs as lm_runs
@@ -183,9 +183,9 @@ def test_the_larger_model_runs_a2_a2_qknorm_and_the_arms_near_the_best(study3):
   folder, small, _ = study3
   assert small == {a: pytest.approx(t) for a, t in _SMALL_TARGET.items()}
   # MuonH is best (-0.04); AdamH (-0.035) and AdamH-qknorm (-0.034) are within 0.01.
-  names = lm_command.norms_large_arms(folder, data.load().facts)
+  names = lm_grid.norms_large_arms(folder, data.load().facts)
   assert names == ["A2", "A2-qknorm", "AdamH", "AdamH-qknorm", "MuonH"]
-  begin = lm_command.norms_begin("MuonH", norms.LARGE_PRESET, folder, folder, data.load().facts)
+  begin = lm_grid.norms_begin("MuonH", norms.LARGE_PRESET, folder, folder, data.load().facts)
   assert begin == (0.01, 0.03, 0.09)
 
 

@@ -16,6 +16,7 @@ from stiefax.experiments.lm import config as lm_config
 from stiefax.experiments.lm import data
 from stiefax.experiments.lm import fair
 from stiefax.experiments.lm import fair_tables
+from stiefax.experiments.lm import grid
 from stiefax.experiments.lm import runs as lm_runs
 from stiefax.experiments.lm import training
 from stiefax.experiments.lm.model import DecoderLM
@@ -231,14 +232,14 @@ def test_the_best_cell_needs_both_selection_seeds_of_every_cell(tmp_path):
   for (a, f), v in loss.items():
     _record(tmp_path, "B2", a, f, 0, v)
   with pytest.raises(CommandError, match="not finished"):
-    command.best_cell(tmp_path, "B2", config, facts, "sweep")
+    grid.best_cell(tmp_path, "B2", config, facts, "sweep")
   for (a, f), v in loss.items():
     _record(tmp_path, "B2", a, f, 1, v + (0.05 if (a, f) == (1e-2, 1.0) else 0.0))
   # (1e-2, 1.0) leads on seed 0 alone; over both seeds (3e-3, 0.3) does.
-  assert command.best_cell(tmp_path, "B2", config, facts, "sweep") == (3e-3, 0.3)
+  assert grid.best_cell(tmp_path, "B2", config, facts, "sweep") == (3e-3, 0.3)
   for s in range(2, 6):  # later seeds at another cell never move the choice
     _record(tmp_path, "B2", 1e-2, 1.0, s, 1.0)
-  assert command.best_cell(tmp_path, "B2", config, facts, "sweep") == (3e-3, 0.3)
+  assert grid.best_cell(tmp_path, "B2", config, facts, "sweep") == (3e-3, 0.3)
   # E2's arms are chosen at E1's best frame rate only.
   assert fair.cells("B2-fold", 0.3) == [(a, 0.3) for a in fair.E2_ADAMW_RATES]
   with pytest.raises(ValueError, match="frame_best"):
@@ -383,22 +384,22 @@ def test_the_larger_models_arms_and_cells_follow_the_small_models_study(tmp_path
   larger model come from study 2's small-model runs, by the protocol's rules."""
   facts = data.load().facts
   with pytest.raises(CommandError, match="not finished"):
-    command.study2_arm("best-stiefel", tmp_path, facts)
+    grid.study2_arm("best-stiefel", tmp_path, facts)
   _synthetic_study2(tmp_path)
-  assert command.study2_arm("best-stiefel", tmp_path, facts) == "B2-fold"
-  assert command.study2_arm("best-stiefel-partner", tmp_path, facts) == "B2-qknorm"
+  assert grid.study2_arm("best-stiefel", tmp_path, facts) == "B2-fold"
+  assert grid.study2_arm("best-stiefel-partner", tmp_path, facts) == "B2-qknorm"
   assert fair.qknorm_partner("B2") == "B2-qknorm" and fair.qknorm_partner("B2-qknorm") == "B2"
   with pytest.raises(ValueError, match="Stiefel arms"):
     fair.qknorm_partner("A2")
   # x3 either side, rounded so that 3 x 1e-2 is the sweep's 3e-2; the frame rate kept.
   assert fair.around((1e-2, 0.3)) == [(0.00333333, 0.3), (1e-2, 0.3), (3e-2, 0.3)]
-  assert command.around_cells(tmp_path, "A2", facts) == [
+  assert grid.around_cells(tmp_path, "A2", facts) == [
     (0.00183333, 1.0),
     (5.5e-3, 1.0),
     (0.0165, 1.0),
   ]
-  assert command.around_cells(tmp_path, "B2-fold", facts) == fair.around((1e-2, 0.3))
-  assert command.around_cells(tmp_path, "A2-qknorm", facts) == fair.around((1e-2, 1.0))
+  assert grid.around_cells(tmp_path, "B2-fold", facts) == fair.around((1e-2, 0.3))
+  assert grid.around_cells(tmp_path, "A2-qknorm", facts) == fair.around((1e-2, 1.0))
 
 
 def test_the_report_of_the_larger_model(tmp_path):
@@ -493,7 +494,7 @@ def test_the_larger_models_best_cell_waits_only_for_seed_0(tmp_path, capsys):
   from stiefax.experiments import cli  # pylint: disable=g-import-not-at-top
 
   _synthetic_study2(tmp_path)
-  cells = command.around_cells(tmp_path, "A2", data.load().facts)
+  cells = grid.around_cells(tmp_path, "A2", data.load().facts)
   for cell in cells[:2]:
     rec = _study_record("A2", cell, 0, 1.6, preset="large")
     write_json(tmp_path / lm_runs.run_name("A2", rec["config"], 0), rec)

@@ -48,7 +48,6 @@ import math
 import pathlib
 import sys
 import time
-from typing import Any
 from typing import Optional
 
 from stiefax.experiments import flags
@@ -58,6 +57,7 @@ from stiefax.experiments.flags import CommandError
 from stiefax.experiments.flags import writable_dir
 from stiefax.experiments.lm import data as data_lib
 from stiefax.experiments.lm import fair
+from stiefax.experiments.lm import grid as grid_lib
 from stiefax.experiments.lm import norms
 from stiefax.experiments.lm import runs as runs_lib
 from stiefax.experiments.lm import tables
@@ -67,9 +67,8 @@ from stiefax.experiments.lm.config import PRESETS
 from stiefax.experiments.lm.config import SWEEP_RATES
 from stiefax.experiments.lm.config import LMConfig
 from stiefax.experiments.protocol import record_problem
-from stiefax.experiments.report import load_runs
 
-__all__ = ["help_text", "add_arguments", "resolve_config", "best_rate", "best_cell", "Job", "run"]
+__all__ = ["help_text", "add_arguments", "resolve_config", "Job", "run"]
 
 #: Arms and rate of ``stiefax lm`` with no arguments (the quick preset).
 QUICK_ARMS = ("A2", "A2-qknorm", "B2")
@@ -239,161 +238,9 @@ def _is_around(text: Optional[str]) -> bool:
   return text is not None and text.strip().lower() == "around"
 
 
-def _small_runs(src: pathlib.Path, arm: str, facts: dict) -> list[dict]:
-  """The small-model runs of study 2 of ``arm`` in ``src``."""
-  return _setting_runs(src, arm, PRESETS[fair.SMALL_PRESET], facts, fair.SMALL_PRESET)
-
-
-def study2_arm(name: str, src: pathlib.Path, facts: dict) -> str:
-  """The arm :data:`STUDY2_ARMS`' ``name`` stands for among study 2's runs in ``src``.
-
-  Raises CommandError while a candidate's cells lack a selection seed.
-  """
-  runs = [r for arm in fair.STIEFEL_ARMS for r in _small_runs(src, arm, facts)]
-  best = fair.best_stiefel_arm(runs)
-  if best is None:
-    raise CommandError(
-      f"--arms {name}: the cells of study 2's Stiefel arms ({', '.join(fair.STIEFEL_ARMS)})"
-      f" in {src} are not finished at seeds 0-1."
-    )
-  return best if name == "best-stiefel" else fair.qknorm_partner(best)
-
-
-def around_cells(src: pathlib.Path, arm: str, facts: dict) -> list[tuple[float, float]]:
-  """``arm``'s cells on the larger model: its best cell of study 2's small model in
-  ``src`` and the AdamW rates x3 either side (:func:`stiefax.experiments.lm.fair.around`)."""
-  frame_best = None
-  if arm in fair.E2_ARMS:
-    frame_best = best_cell(src, "B2", PRESETS[fair.SMALL_PRESET], facts, fair.SMALL_PRESET)[1]
-  small = best_cell(src, arm, PRESETS[fair.SMALL_PRESET], facts, fair.SMALL_PRESET, frame_best)
-  return fair.around(small)
-
-
-def _norms_runs(
-  out: pathlib.Path, arm: str, config: LMConfig, facts: dict, preset: str
-) -> list[dict]:
-  """``arm``'s finished runs of study 3's setting in ``out``: the preset's
-  configuration, its settings other than the swept rate those of :func:`norms.fixed`."""
-  keep = norms.fixed(arm, config.matrix_lr)
-  mine = _setting_runs(out, arm, config, facts, preset)
-  return [r for r in mine if all(r["config"].get(k, v) == v for k, v in keep.items())]
-
-
-def norms_begin(
-  arm: str, preset: str, out: pathlib.Path, src: pathlib.Path, facts: dict
-) -> tuple[float, ...]:
-  """Where ``arm``'s grid of study 3 starts on ``preset`` (the larger model: around the
-  small model's best in ``src``). Raises CommandError while that best is not final."""
-  if preset != norms.LARGE_PRESET:
-    return norms.start(arm, preset)
-  small = PRESETS[norms.SMALL_PRESET]
-  found = norms.best(_norms_runs(src, arm, small, facts, norms.SMALL_PRESET), norms.start(arm, ""))
-  if found is None:
-    raise CommandError(f"--lr bracket: {arm}'s small-model grid in {src} is not final yet.")
-  return norms.start(arm, preset, found[0])
-
-
-def norms_cells(
-  arm: str,
-  config: LMConfig,
-  preset: str,
-  out: pathlib.Path,
-  src: pathlib.Path,
-  facts: dict,
-  best: bool,
-) -> list[LMConfig]:
-  """The configurations of ``arm``'s cells of study 3: its bracketed grid as far as the
-  runs in ``out`` decide it, or (``best``) its best cell once the grid is final."""
-  try:
-    field = norms.swept(arm)
-  except ValueError as e:
-    raise CommandError(f"--lr {'best' if best else 'bracket'}: {e}.") from None
-  begin = norms_begin(arm, preset, out, src, facts)
-  runs = _norms_runs(out, arm, config, facts, preset)
-  if best:
-    found = norms.best(runs, begin)
-    if found is None:
-      raise CommandError(f"--lr best --select-from norms: {arm}'s grid in {out} is not final yet.")
-    rates = [found[0]]
-  else:
-    rates = norms.bracket(runs, begin)[0]
-  keep: dict[str, Any] = norms.fixed(arm, config.matrix_lr)
-  return [dataclasses.replace(config, **{**keep, field: x}) for x in rates]
-
-
-def norms_large_arms(src: pathlib.Path, facts: dict) -> list[str]:
-  """Study 3's arms for the larger model: A2, A2-qknorm and every arm whose best cell
-  on the small model (mean validation loss, seeds 0-1) is within 0.01 bits per byte of
-  the best arm's. Raises CommandError while a small-model grid is not final."""
-  small = PRESETS[norms.SMALL_PRESET]
-  scores = {}
-  for arm in norms.ARMS:
-    runs = _norms_runs(src, arm, small, facts, norms.SMALL_PRESET)
-    found = norms.best(runs, norms.start(arm, norms.SMALL_PRESET))
-    if found is None:
-      raise CommandError(f"--arms norms-large: {arm}'s small-model grid in {src} is not final.")
-    at = [r for r in runs if norms.cell_of(r) == found[0] and r["seed"] in norms.SELECTION_SEEDS]
-    scores[arm] = sum(runs_lib.loss_of(r) for r in at) / len(at)
-  top = min(scores.values())
-  near = [a for a in norms.ARMS if scores[a] <= top + 0.01]
-  return list(dict.fromkeys(["A2", "A2-qknorm", *near]))
-
-
 def _own_frame_rate(arm: str) -> bool:
   """Whether ``--frame-lr`` reaches ``arm``: a frame rule of its own, not frozen."""
   return ARMS[arm].apart and ARMS[arm].rate != 0.0
-
-
-def _setting_runs(
-  out: pathlib.Path, arm: str, config: LMConfig, facts: dict, preset: str
-) -> list[dict]:
-  """The finished runs of ``arm`` in ``out`` whose configuration is ``config``'s but
-  for the AdamW and frame rates."""
-  groups, warnings = load_runs(out) if out.is_dir() else ({}, [])
-  _warn(warnings)
-  ref = runs_lib.run_config(ARMS[arm], config, facts, preset)
-  same = lambda c: {k: v for k, v in c.items() if k not in ("adamw_lr", "frame_lr", "matrix_lr")}
-  return [r for r in groups.get("lm", []) if r["arm"] == arm and same(r["config"]) == same(ref)]
-
-
-_WARNED: set = set()
-
-
-def _warn(warnings: list) -> None:
-  """Prints each line of ``warnings`` (the run files skipped) once per process."""
-  for w in warnings:
-    if w not in _WARNED:
-      _WARNED.add(w)
-      print(f"stiefax lm: warning: {w}", file=sys.stderr, flush=True)
-
-
-def best_cell(
-  out: pathlib.Path,
-  arm: str,
-  config: LMConfig,
-  facts: dict,
-  preset: str,
-  frame_best: Optional[float] = None,
-) -> tuple[float, float]:
-  """``(AdamW rate, frame rate)`` of ``arm``'s best cell in study 2's grid
-  (:mod:`stiefax.experiments.lm.fair`) among the finished runs in ``out``.
-
-  Raises CommandError while a cell lacks a selection seed.
-  """
-  try:
-    wanted = fair.cells(arm, frame_best)
-  except ValueError as e:
-    raise CommandError(f"--select-from fair: {e}") from None
-  mine = _setting_runs(out, arm, config, facts, preset)
-  cell = fair.select_cell(mine, wanted)
-  if cell is None:
-    gaps = fair.missing(mine, wanted)
-    shown = ", ".join(f"lr {a:g} frame-lr {f:g} seed {s}" for (a, f), s in gaps[:4])
-    raise CommandError(
-      f"best: {arm}'s cells of study 2 in {out} are not finished ({len(gaps)} run(s) missing:"
-      f" {shown}{', ...' if len(gaps) > 4 else ''})."
-    )
-  return cell
 
 
 def resolve_config(args: argparse.Namespace) -> tuple[LMConfig, list[str], list[int]]:
@@ -422,30 +269,6 @@ def resolve_config(args: argparse.Namespace) -> tuple[LMConfig, list[str], list[
   # An empty --arms means the default arms, as no --arms does.
   arms = flags.parse_arms(args.arms or None, ARMS, QUICK_ARMS)
   return config, arms, flags.parse_seeds(args.seeds, (0,))
-
-
-def best_rate(out: pathlib.Path, arm: str, config: LMConfig, facts: dict, preset: str) -> float:
-  """The AdamW rate of ``arm`` chosen on the validation split among the finished runs
-  of this configuration in ``out`` (:func:`stiefax.experiments.lm.runs.select_rate`).
-
-  Raises CommandError when there are none.
-  """
-  mine = [
-    r
-    for r in _setting_runs(out, arm, config, facts, preset)
-    if r["config"]["frame_lr"] == config.frame_lr
-  ]
-  have = {r["config"]["adamw_lr"] for r in mine}
-  missing = [f"{lr:g}" for lr in SWEEP_RATES if lr not in have]
-  if missing:
-    raise CommandError(
-      f"--lr best: the {arm} sweep in {out} is not finished (no run at rate"
-      f" {','.join(missing)}); run --lr {','.join(f'{lr:g}' for lr in SWEEP_RATES)} first."
-    )
-  lr = runs_lib.select_rate([r for r in mine if r["config"]["adamw_lr"] in SWEEP_RATES])
-  if lr is None:
-    raise CommandError(f"--lr best: no seed of {arm} has every rate in {out}.")
-  return lr
 
 
 @dataclasses.dataclass
@@ -485,19 +308,19 @@ def run(args: argparse.Namespace) -> int:
   if args.cells_from is not None and not src.is_dir():
     raise CommandError(f"--cells-from {args.cells_from}: not a directory.")
   if args.arms and args.arms.strip() == "norms-large":
-    names = norms_large_arms(src, facts)
+    names = grid_lib.norms_large_arms(src, facts)
     print(f"  --arms norms-large: {','.join(names)} (study 3's small-model runs in {src})")
     args = argparse.Namespace(**{**vars(args), "arms": ",".join(names)})
   if args.arms and any(a.strip() in STUDY2_ARMS for a in args.arms.split(",")):
     names = [a.strip() for a in args.arms.split(",")]
-    names = [study2_arm(a, src, facts) if a in STUDY2_ARMS else a for a in names]
+    names = [grid_lib.study2_arm(a, src, facts) if a in STUDY2_ARMS else a for a in names]
     print(f"  --arms {args.arms}: {','.join(names)} (study 2's runs in {src})", flush=True)
     args = argparse.Namespace(**{**vars(args), "arms": ",".join(dict.fromkeys(names))})
   config, arm_names, seeds = resolve_config(args)
   if args.frame_lr is not None and not _is_best(args.frame_lr):
     frame_rates = _rates(args.frame_lr, "--frame-lr")
   elif _is_best(args.frame_lr):
-    frame_rates = [best_cell(out, "B2", config, facts, args.preset)[1]]
+    frame_rates = [grid_lib.best_cell(out, "B2", config, facts, args.preset)[1]]
     print(f"  frame rate: {frame_rates[0]:g}, B2's best cell of study 2 in {out}", flush=True)
   else:
     frame_rates = [config.frame_lr]
@@ -507,7 +330,7 @@ def run(args: argparse.Namespace) -> int:
     todo_cells: list[tuple[float, float]] = []
     bracketed = args.lr is not None and args.lr.strip().lower() == "bracket"
     if bracketed or (_is_best(args.lr) and args.select_from == "norms"):
-      grid = norms_cells(arm, config, args.preset, out, src, facts, best=not bracketed)
+      grid = grid_lib.norms_cells(arm, config, args.preset, out, src, facts, best=not bracketed)
       shown = ", ".join(f"{getattr(c, norms.swept(arm)):g}" for c in grid)
       what = "grid so far" if bracketed else "best cell"
       print(f"  {arm}: {norms.swept(arm)} {shown} (study 3's {what} in {out})", flush=True)
@@ -519,12 +342,12 @@ def run(args: argparse.Namespace) -> int:
     if args.lr is None:
       todo_cells = [(config.adamw_lr, f) for f in arm_frames]
     elif _is_around(args.lr):
-      todo_cells = around_cells(src, arm, facts)
+      todo_cells = grid_lib.around_cells(src, arm, facts)
       shown = ", ".join(f"lr {a:g} frame-lr {f:g}" for a, f in todo_cells)
       print(f"  {arm}: {shown} (around its best cell of study 2 in {src})", flush=True)
     elif _is_best(args.lr) and args.select_from == "around":
-      wanted = around_cells(src, arm, facts)
-      mine = _setting_runs(out, arm, config, facts, args.preset)
+      wanted = grid_lib.around_cells(src, arm, facts)
+      mine = grid_lib.setting_runs(out, arm, config, facts, args.preset)
       cell = fair.select_cell(mine, wanted, fair.LARGE_SELECTION_SEEDS)
       if cell is None:
         missing = fair.missing(mine, wanted, fair.LARGE_SELECTION_SEEDS)
@@ -536,12 +359,14 @@ def run(args: argparse.Namespace) -> int:
       print(f"  {arm}: best cell lr {cell[0]:g} frame-lr {cell[1]:g} in {out}", flush=True)
     elif _is_best(args.lr) and args.select_from == "fair":
       frame_best = frame_rates[0] if args.frame_lr is not None and len(frame_rates) == 1 else None
-      todo_cells = [best_cell(out, arm, config, facts, args.preset, frame_best)]
+      todo_cells = [grid_lib.best_cell(out, arm, config, facts, args.preset, frame_best)]
       a, f = todo_cells[0]
       print(f"  {arm}: best cell lr {a:g} frame-lr {f:g} of study 2 in {out}", flush=True)
     elif _is_best(args.lr):
       for f in arm_frames:
-        lr = best_rate(out, arm, dataclasses.replace(config, frame_lr=f), facts, args.preset)
+        lr = grid_lib.best_rate(
+          out, arm, dataclasses.replace(config, frame_lr=f), facts, args.preset
+        )
         print(f"  {arm}: best rate {lr:g} by validation loss in {out}", flush=True)
         todo_cells.append((lr, f))
     else:
@@ -616,7 +441,7 @@ def _reuse(job: Job, source: pathlib.Path) -> Optional[dict]:
   found, problem = store.finished_run(source / job.path.name, job.same, record_problem)
   if found is None:
     if problem:
-      _warn([f"--reuse: skipped {source / job.path.name}: {problem}"])
+      grid_lib.warn_skipped([f"--reuse: skipped {source / job.path.name}: {problem}"])
     return None
   try:
     store.write_json(job.path, found)
