@@ -9,6 +9,7 @@ it is used.
 """
 
 import ast
+import functools
 import importlib
 import importlib.util
 import pathlib
@@ -24,6 +25,12 @@ LIBRARY = sorted(
   for p in PACKAGE.glob("*.py")
   if p.stem not in ("__init__", "certificates") and not p.stem.startswith("test")
 )
+
+
+@functools.cache
+def _parsed(path: pathlib.Path) -> ast.Module:
+  """The syntax tree of ``path``, parsed once per session (read-only: never mutate it)."""
+  return ast.parse(path.read_text(encoding="utf-8"))
 
 
 def _tree(name):
@@ -137,7 +144,7 @@ def test_tests_do_not_import_test_modules():
   tests = pathlib.Path(__file__).resolve().parent
   offenders = []
   for path in tests.glob("*.py"):
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(_parsed(path)):
       if isinstance(node, ast.ImportFrom) and node.module:
         mods = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
         if any(m.startswith("tests.test_") for m in mods):
@@ -181,7 +188,7 @@ def _library_files() -> dict[str, pathlib.Path]:
 
 
 def _dunder_all(path: pathlib.Path) -> list[str]:
-  for node in ast.parse(path.read_text(encoding="utf-8")).body:
+  for node in _parsed(path).body:
     if isinstance(node, ast.Assign) and any(
       isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
     ):
@@ -192,7 +199,7 @@ def _dunder_all(path: pathlib.Path) -> list[str]:
 def _defined(path: pathlib.Path) -> set[str]:
   """The names a module defines at its top level (functions, classes, assignments)."""
   names = set()
-  for node in ast.parse(path.read_text(encoding="utf-8")).body:
+  for node in _parsed(path).body:
     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
       names.add(node.name)
     elif isinstance(node, ast.Assign):
@@ -206,7 +213,7 @@ def _top_level(path: pathlib.Path) -> list[ast.stmt]:
   """A module's top-level statements, with those of an ``if typing.TYPE_CHECKING:``
   block (``stiefax/__init__.py`` names its exports there and loads them on first use)."""
   out: list[ast.stmt] = []
-  for node in ast.parse(path.read_text(encoding="utf-8")).body:
+  for node in _parsed(path).body:
     out.append(node)
     if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
       out += node.body
@@ -450,7 +457,7 @@ def test_a_standard_library_submodule_is_imported_where_it_is_used():
     str(path.relative_to(root)): bad
     for folder in ("stiefax", "benchmarks", "examples")
     for path in sorted((root / folder).rglob("*.py"))
-    if (bad := _unimported_submodules(ast.parse(path.read_text(encoding="utf-8"))))
+    if (bad := _unimported_submodules(_parsed(path)))
   }
   assert not offenders, offenders
 
