@@ -28,7 +28,8 @@ Here, on what came back: ``studies/gpu.sh unpack DIR`` puts the runs in
 runs in ``studies/carry/grok`` (never overwriting a result), to be committed; the next
 lease, or ``studies/gpu.sh`` on a CPU, resumes from there. ``studies/gpu.sh status``
 says what is finished and what is left. ``--tiny`` runs every step at toy sizes (the
-quick preset's model for 20 epochs, ``benchmarks.gpu --tiny``): the CPU check.
+paper's model for 4 epochs, ``benchmarks.gpu --tiny``): the CPU check, whose archive
+``unpack`` puts only in a results folder named with ``--results``.
 """
 
 from __future__ import annotations
@@ -100,9 +101,10 @@ PAPER = Sizes(
   checkpoint_seconds=40.0,
   reserve=15.0,
 )
-#: The CPU check: the same steps at toy sizes.
+#: The CPU check: the same steps at toy sizes: the paper's model and task for 4 epochs
+#: (the quick preset would not do: its default is the stabilized setting already).
 TINY = Sizes(
-  grok=("--preset", "quick", "--epochs", "20", "--eval-every", "10"),
+  grok=("--preset", "paper", "--epochs", "4", "--eval-every", "2"),
   bench=("--tiny",),
   bench_budget=420.0,
   bench_need=0.0,
@@ -621,6 +623,13 @@ def unpack(args: argparse.Namespace) -> int:
       tar.extractall(pathlib.Path(tmp) / "x", filter="data")
     got = pathlib.Path(tmp) / "x"
     manifest = json.loads((got / "lease.json").read_text())
+    if manifest.get("tiny") and results.resolve() == (ROOT / "results").resolve():
+      print(
+        "unpack: a --tiny lease's runs are a check, not results; give --results a folder"
+        " of their own",
+        file=sys.stderr,
+      )
+      return 1
     print(f"unpack: {parts[0].name} ({len(parts)} part(s)), made {manifest['created']}")
     counts = {"runs": 0, "benchmark": 0, "checkpoints": 0, "removed": 0}
     for src, dest, kind in [(p, results / "gpu", "benchmark") for p in _files(got / "gpu")] + [

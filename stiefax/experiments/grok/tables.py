@@ -145,7 +145,8 @@ def _seeds_words(n: int) -> str:
 
 def _seed_list(seeds: Iterable[int]) -> str:
   """Seeds as ranges: ``0-4``, ``0,2-4``; ``-`` for none."""
-  ordered, parts = sorted(set(seeds)), []
+  ordered: list[int] = sorted(set(seeds))
+  parts: list[list[int]] = []
   for s in ordered:
     if parts and s == parts[-1][1] + 1:
       parts[-1][1] = s
