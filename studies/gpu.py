@@ -18,8 +18,9 @@ an unfinished run resumes). While they train, a packer thread copies what is new
 ``--out`` as one tar archive in parts of at most 15 MiB (the files that come back from
 a lease: at most 8, 16 MiB each): the benchmark, the finished run JSONs and the
 checkpoints of the unfinished runs. It packs only a consistent state (the folder's
-listing the same before and after), so a lease cut off at any moment gives back the
-last checkpoint, at most ``--checkpoint-seconds`` plus a few seconds old. At the end it
+listing the same before and after) and replaces the previous archive only once the new
+one is whole, so a lease cut off at any moment gives back the last checkpoint, at most
+40 s of training and a few seconds of packing old. At the end it
 lists what is left and ends with status 0 (everything finished), 75 (something left
 for the next lease) or 1 (a command failed).
 
@@ -225,10 +226,10 @@ def _listing(work: pathlib.Path) -> tuple:
   and then deletes the old one, so any save changes them)."""
   seen: list = []
   for p in sorted(work.iterdir()) if work.is_dir() else []:
-    st = p.lstat()
     if p.suffix == ".ckpt" and p.is_dir():
       seen.append((p.name, tuple((c.name, c.lstat().st_ino) for c in sorted(p.iterdir()))))
     elif p.suffix == ".json" or p.name == "gpu":
+      st = p.lstat()
       inner = (
         [(c.name, c.lstat().st_size, c.lstat().st_mtime_ns) for c in sorted(p.iterdir())]
         if p.is_dir()
@@ -273,14 +274,14 @@ class Packer:
     """Packs the work if it changed (or ``force``: the last pack, with the last word on
     what is left) and held still while it was read; True if it packed."""
     with self.lock:
-      before = _listing(self.work)
-      if before == self.packed and not force:
-        return False
       try:
+        before = _listing(self.work)
+        if before == self.packed and not force:
+          return False
         data = self._archive()
-      except FileNotFoundError:  # a file went while it was read: a save or a finished run
-        return False
-      if _listing(self.work) != before:
+        if _listing(self.work) != before:
+          return False
+      except FileNotFoundError:  # a file went while it was read: a save, a finished run
         return False
       self._write(data)
       self.packed = before
@@ -389,6 +390,7 @@ def run_child(argv: Sequence[str], log: Callable[[str], None], stop: threading.E
     stdout=subprocess.PIPE,
     stderr=subprocess.STDOUT,
     text=True,
+    errors="replace",
     bufsize=1,
   )
 
@@ -717,11 +719,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     The exit status.
   """
   argv = list(sys.argv[1:] if argv is None else argv)
-  if not argv or argv[0] not in ("run", "unpack", "status"):
+  if not argv or argv[0] not in ("run", "unpack", "status", "-h", "--help"):
     argv = ["run", *argv]
   parser = argparse.ArgumentParser(
     prog="studies/gpu.sh",
-    description=(__doc__ or "").split("\n\n")[0],
+    description=__doc__,
     formatter_class=argparse.RawDescriptionHelpFormatter,
   )
   sub = parser.add_subparsers(dest="verb", required=True)
