@@ -36,14 +36,16 @@ hash covers the whole configuration (every hyperparameter, the budget, the arm),
 two configurations share a file; the file records the command that reruns it and the
 code's commit. A finished run is never trained again nor overwritten: the same command
 skips it. An unfinished run keeps an Orbax checkpoint (parameters, optimizer state,
-history) in <run>.ckpt every --checkpoint-every epochs and on Ctrl-C or SIGTERM (a
-second one stops at once); the same command resumes it, to the same result as an
-uninterrupted run, and a damaged checkpoint is moved aside and the run restarted. Each run is claimed by
-a lock (<run>.lock), so several processes can share one --out: each trains different
-runs and waits for the others' runs. --vmap-seeds trains the seeds of an arm as one
-program, the seed a batch axis. `stiefax report OUT` prints the paper-style tables
-(memorized / grokked / sustained k/n, tail means, paired differences against A2) and
-writes PNG plots.
+history) in <run>.ckpt every --checkpoint-every epochs, every --checkpoint-seconds of
+training if given, and on Ctrl-C or SIGTERM (a second one stops at once); the same
+command resumes it, to the same result as an uninterrupted run, and a damaged checkpoint
+is moved aside and the run restarted. --time-limit stops the command cleanly before a
+deadline (the runs in training checkpointed, the runs left listed, exit status 75).
+Each run is claimed by a lock (<run>.lock), so several processes can share one --out:
+each trains different runs and waits for the others' runs. --vmap-seeds trains the
+seeds of an arm as one program, the seed a batch axis. `stiefax report OUT` prints the
+paper-style tables (memorized / grokked / sustained k/n, tail means, paired differences
+against A2) and writes PNG plots.
 
 Examples:
   stiefax grok
