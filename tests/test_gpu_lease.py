@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import types
 
@@ -34,6 +35,7 @@ from stiefax.experiments.grok import command as grok_command
 from stiefax.experiments.grok import config as grok_config
 from stiefax.experiments.grok import runs as grok_runs
 from stiefax.experiments.grok import training as grok_training
+from studies import archive
 from studies import gpu
 from tests import harness
 
@@ -294,7 +296,7 @@ def _lease_args(tmp_path, budget, **kw):
 
 def _unpacked(out: pathlib.Path) -> dict:
   """``{name in the archive: bytes}`` of the newest whole archive in ``out``."""
-  parts = gpu.latest_archive(out)
+  parts = archive.latest_archive(out)
   data = b"".join(p.read_bytes() for p in parts)
   import io  # pylint: disable=g-import-not-at-top
 
@@ -356,6 +358,45 @@ def test_a_lease_shorter_than_the_benchmark_trains_instead(tmp_path, monkeypatch
   assert "lease: benchmark: left (480 s needed, 195 s left)" in capsys.readouterr().out
 
 
+def test_a_sigterm_ends_the_lease_after_the_command_in_training(tmp_path, monkeypatch, capsys):
+  """SIGTERM (what ``timeout`` sends) during run (a)'s A2: it ends, the lease starts
+  nothing more, packs and says what is left; its handler is then the previous one."""
+  clock = _Clock(step=0.0)
+  device = _FakeDevice(clock, tmp_path / "work")
+
+  def terminated(argv, log, stop):
+    code = device(argv, log, stop)
+    if "--arms" in argv:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return code
+
+  monkeypatch.setattr(gpu, "run_child", terminated)
+  before = signal.getsignal(signal.SIGTERM)
+  assert gpu.lease(_lease_args(tmp_path, 2000.0), clock=clock) == gpu.EXIT_LEFT
+  assert signal.getsignal(signal.SIGTERM) == before
+  out = capsys.readouterr().out
+  assert f"lease: signal {int(signal.SIGTERM)}: stopping the command in training" in out
+  assert len(device.commands) == 3 and "run (a) B2 seeds 0,1,2,3,4: not started" in out
+  manifest = json.loads(_unpacked(tmp_path / "out")["lease.json"])
+  assert manifest["entries"][0]["progress"] == "finished"
+
+
+def test_the_lease_forwards_sigterm_to_its_command_after_a_grace(monkeypatch):
+  monkeypatch.setattr(gpu, "FORWARD_AFTER", 0.2)
+  code = (
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *a: (print('stopping', flush=True), sys.exit(3)))\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+  )
+  stop, lines = threading.Event(), []
+  timer = threading.Timer(0.5, stop.set)
+  timer.start()
+  assert gpu.run_child(["-c", code], lines.append, stop) == 3
+  timer.join()
+  assert lines == ["  ready", "  stopping"]
+
+
 def _checkpoint(folder: pathlib.Path, epoch: int, size: int, rng) -> pathlib.Path:
   """A stand-in for an Orbax checkpoint folder: a step folder of ``size`` bytes, and a
   save in progress (Orbax's temporary folder), which must not travel."""
@@ -380,7 +421,7 @@ def test_the_archive_comes_back_whole_and_unpacks_without_overwriting(tmp_path, 
   _checkpoint(work / names[2].replace(".json", ".ckpt"), 3400, 20 * 2**20, rng)
   _checkpoint(work / names[1].replace(".json", ".ckpt"), 3400, 10, rng)  # finished: stays
   (work / names[3].replace(".json", ".lock")).write_text("held")
-  packer = gpu.Packer(
+  packer = archive.Packer(
     work, out, lambda name: False, lambda: {"created": "now", "benchmark": "done", "entries": []}
   )
   assert packer.pack() and not packer.pack()  # nothing new: no second pack
@@ -401,14 +442,14 @@ def test_the_archive_comes_back_whole_and_unpacks_without_overwriting(tmp_path, 
   (results / "grok").mkdir(parents=True)  # a different copy of seed 4 is there already
   (results / "grok" / names[4]).write_text(json.dumps(harness.grok_record("A2", 4, grok_at=5000)))
   args = types.SimpleNamespace(dir=str(out), results=str(results), carry=str(carry))
-  assert gpu.unpack(args) == 0
+  assert archive.unpack(args) == 0
   text = capsys.readouterr().out
   assert (results / "grok" / names[1]).read_text() == json.dumps(finished)
   assert json.loads((results / "grok" / names[4]).read_text())["metrics"]["grokked_epoch"] == 5000
   assert f"{names[4]} exists and differs; kept it" in text
   assert (results / "gpu/gpu-2026-12-07.json").is_file()
   ckpt = carry / names[2].replace(".json", ".ckpt")
-  assert gpu.checkpoint_epoch(ckpt) == 3400 and sorted(p.name for p in carry.iterdir()) == [
+  assert archive.checkpoint_epoch(ckpt) == 3400 and sorted(p.name for p in carry.iterdir()) == [
     ckpt.name
   ]
   assert not any("tmp" in p.name for p in ckpt.iterdir())
@@ -416,9 +457,9 @@ def test_the_archive_comes_back_whole_and_unpacks_without_overwriting(tmp_path, 
   assert "1 new run(s)" in text and "1 checkpoint(s) carried" in text
   # Unpacked again: nothing new, nothing overwritten. Once the run is finished here,
   # its carried checkpoint goes.
-  assert gpu.unpack(args) == 0 and "0 new run(s)" in capsys.readouterr().out
+  assert archive.unpack(args) == 0 and "0 new run(s)" in capsys.readouterr().out
   (results / "grok" / names[2]).write_text(json.dumps(harness.grok_record("A2", 2, grok_at=1)))
-  assert gpu.unpack(args) == 0
+  assert archive.unpack(args) == 0
   assert "1 carried checkpoint(s) of finished runs removed" in capsys.readouterr().out
   assert not ckpt.exists()
 
@@ -429,8 +470,8 @@ def test_a_pack_that_raced_a_save_is_discarded(tmp_path, monkeypatch):
   work, out = tmp_path / "work", tmp_path / "out"
   work.mkdir()
   states = iter(range(100))
-  monkeypatch.setattr(gpu, "_listing", lambda work: next(states))
-  packer = gpu.Packer(work, out, lambda name: False, lambda: {})
+  monkeypatch.setattr(archive, "_listing", lambda work: next(states))
+  packer = archive.Packer(work, out, lambda name: False, lambda: {})
   assert not packer.pack()
   assert not out.exists() or not any(out.iterdir())
 
@@ -438,7 +479,7 @@ def test_a_pack_that_raced_a_save_is_discarded(tmp_path, monkeypatch):
 def test_unpack_needs_a_whole_archive(tmp_path, capsys):
   (tmp_path / "lease-g0003-p1of2.tar").write_bytes(b"half")
   args = types.SimpleNamespace(dir=str(tmp_path), results=str(tmp_path), carry=str(tmp_path))
-  assert gpu.unpack(args) == 1
+  assert archive.unpack(args) == 1
   assert "no whole lease archive" in capsys.readouterr().err
 
 
@@ -503,6 +544,7 @@ def test_the_lease_script_runs_end_to_end_at_tiny_sizes(tmp_path):
 
 _CUT = """
 import dataclasses, sys
+from studies import archive
 from studies import gpu
 gpu.TINY = dataclasses.replace(
   gpu.TINY, grok=("--preset", "quick", "--epochs", "300", "--eval-every", "10")
@@ -536,7 +578,7 @@ def test_a_lease_cut_off_mid_run_resumes_on_a_fresh_machine(tmp_path):
   deadline = time.monotonic() + 1200
   while time.monotonic() < deadline and first.poll() is None:
     out = tmp_path / "first/out"
-    parts = gpu.latest_archive(out) if out.is_dir() else []
+    parts = archive.latest_archive(out) if out.is_dir() else []
     if parts and any(".ckpt/" in n for n in _unpacked(out)):
       break
     time.sleep(0.1)
@@ -546,14 +588,15 @@ def test_a_lease_cut_off_mid_run_resumes_on_a_fresh_machine(tmp_path):
   args = types.SimpleNamespace(
     dir=str(tmp_path / "first/out"), results=str(results), carry=str(carry)
   )
-  assert gpu.unpack(args) == 0
+  assert archive.unpack(args) == 0
   carried = sorted(carry.glob("*.ckpt"))
-  at = gpu.checkpoint_epoch(carried[0])
-  assert len(carried) == 2 and 0 < at < 300 and gpu.checkpoint_epoch(carried[1]) == at
+  at = archive.checkpoint_epoch(carried[0])
+  assert len(carried) == 2 and 0 < at < 300 and archive.checkpoint_epoch(carried[1]) == at
   second = lease("second")
   assert second.wait(timeout=1200) == 0
   assert (
-    gpu.unpack(types.SimpleNamespace(**{**vars(args), "dir": str(tmp_path / "second/out")})) == 0
+    archive.unpack(types.SimpleNamespace(**{**vars(args), "dir": str(tmp_path / "second/out")}))
+    == 0
   )
   assert list(carry.glob("*.ckpt")) == []  # finished: the carried checkpoints are gone
   resumed = [json.loads(p.read_text()) for p in sorted((results / "grok").glob("*.json"))]
