@@ -120,3 +120,60 @@ def complete_lm_record(rec: dict) -> dict:
   for key, last in tail.items():
     h.setdefault(key, [head[key]] * (n - 1) + [last])
   return rec
+
+
+def grok_record(
+  arm: str,
+  seed: int,
+  *,
+  grok_at=None,
+  level: float = 0.9,
+  stabilize: bool = False,
+  config: grok_config.GrokConfig = grok_config.PAPER,
+  preset: str = "paper",
+) -> dict:
+  """A finished ``stiefax grok`` run record, as the command writes it, whose held-out
+  accuracy is 0.1 until ``grok_at`` (None: never) and ``level`` from there on (after
+  one evaluation at 0.96, so a ``level`` below 0.95 groks without sustaining it);
+  memorized at the first evaluation, frames at ``1e-6`` isometry error (B2) or ``0.5``."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+
+  from stiefax.experiments import store  # pylint: disable=g-import-not-at-top
+  from stiefax.experiments.grok import runs as grok_runs  # pylint: disable=g-import-not-at-top
+
+  if stabilize:
+    config = dataclasses.replace(config, **grok_config.STABILIZED)
+  epochs = list(range(0, config.epochs + 1, config.eval_every))
+  test = [
+    0.1 if grok_at is None or e < grok_at else (0.96 if e == grok_at else level) for e in epochs
+  ]
+  history = {
+    "epoch": epochs,
+    "train_acc": [0.0] + [1.0] * (len(epochs) - 1),
+    "test_acc": test,
+    "train_loss": [4.6] + [0.01] * (len(epochs) - 1),
+    "isometry": [1e-6 if arm.startswith("B2") else 0.5] * len(epochs),
+    "isometry_key": [1e-6 if arm.startswith("B2") else 0.5] * len(epochs),
+  }
+  setting = f"preset={preset} epochs={config.epochs} eval_every={config.eval_every}"
+  identity = grok_runs.run_identity(config, arm, preset)
+  return {
+    "experiment": "grok",
+    "arm": arm,
+    "seed": seed,
+    "config": {
+      **dataclasses.asdict(config),
+      "arm": grok_runs.arm_definition(grok_config.ARMS[arm]),
+      "n_train": 3764,
+      "n_test": 5645,
+      "preset": preset,
+      "stabilize": stabilize,
+      "setting": setting + (" stabilize" if stabilize else ""),
+    },
+    "metrics": grok_config.run_metrics(history, config),
+    "history": history,
+    "wall_time": 60.0,
+    "vmapped_seeds": None,
+    "resumed_from": None,
+    "run_id": store.digest(identity),
+  }

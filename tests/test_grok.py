@@ -316,9 +316,10 @@ def test_report_prints_tables_and_writes_pngs(tiny_runs, tmp_path, capsys):
 
 
 def test_the_committed_runs_are_finished_and_the_docs_quote_their_report():
-  """Every run in ``results/grok`` is a finished paper-preset run of a Table 4 arm, at
-  most one per arm and seed, and every line of the table ``stiefax report
-  results/grok`` prints from them is in docs/reproduction.md."""
+  """Every run in ``results/grok`` is a finished run of the paper's configuration (or
+  its stabilized setting) of a Table 4 arm or of a study arm (``STUDIES``: runs (a),
+  (b), Table 5), at most one per arm, seed and setting, and every line of the tables
+  ``stiefax report results/grok`` prints from them is in docs/reproduction.md."""
   from stiefax.experiments import report as report_lib  # pylint: disable=g-import-not-at-top
   from stiefax.experiments.grok import tables  # pylint: disable=g-import-not-at-top
 
@@ -327,9 +328,14 @@ def test_the_committed_runs_are_finished_and_the_docs_quote_their_report():
   assert warnings == [] and list(groups) == ["grok"]
   runs = groups["grok"]
   paper = grok_config.PRESETS["paper"]["config"]
-  assert {r["arm"] for r in runs} <= {"A2", "B2", "B2-frz", "B2m", "B2m-can"}
-  assert len({(r["arm"], r["seed"]) for r in runs}) == len(runs)
+  stabilized = dataclasses.replace(paper, **grok_config.STABILIZED)
+  studied = {arm for study in grok_config.STUDIES for arm in study.arms}
+  assert {r["arm"] for r in runs} <= {"A2", "B2", "B2-frz", "B2m", "B2m-can"} | studied
+  setting = lambda r: bool(r["config"]["stabilize"])
+  assert len({(r["arm"], r["seed"], setting(r)) for r in runs}) == len(runs)
   for r in runs:
+    config = stabilized if setting(r) else paper
+    assert grok_runs.record_identity(r) == grok_runs.run_identity(config, r["arm"], "paper")
     assert r["config"]["epochs"] == paper.epochs == r["history"]["epoch"][-1], r["arm"]
   doc = (root / "docs/reproduction.md").read_text()
   text = tables.report(runs, None)

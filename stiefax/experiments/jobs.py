@@ -16,11 +16,22 @@ from typing import Optional
 from stiefax.experiments import protocol
 from stiefax.experiments import store
 
-__all__ = ["checkpoint_interval", "EXIT_HELD", "Job", "leave_held", "NO_WAIT_HELP"]
+__all__ = [
+  "checkpoint_interval",
+  "EXIT_HELD",
+  "EXIT_TIME_LIMIT",
+  "Job",
+  "leave_held",
+  "NO_WAIT_HELP",
+]
 
 #: The exit status of a command run with ``--no-wait`` that left runs held by other
 #: processes to them (``EX_TEMPFAIL`` of ``sysexits.h``: run it again later).
 EXIT_HELD = 75
+
+#: The exit status of a command stopped by its ``--time-limit`` with runs unfinished
+#: (checkpointed, or not started): ``EX_TEMPFAIL`` too, run the same command again.
+EXIT_TIME_LIMIT = 75
 
 NO_WAIT_HELP = (
   "leave the runs another process is training to it: train the free runs, then end"

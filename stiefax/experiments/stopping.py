@@ -10,6 +10,10 @@ second signal ends the process at once and quietly (exit status 128 + the signal
 the run locks are released and the last checkpoint saved is kept (a save cut short
 leaves only Orbax's temporary folder, removed when the run resumes). Outside the main
 thread, where handlers cannot be set, both signals keep their default behaviour.
+
+A command given a time limit (``stiefax grok --time-limit``) stops the same way when the
+next evaluation window would end past it: the loop saves a checkpoint and raises
+:class:`OutOfTime`, and the command ends with the unfinished runs listed.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Optional
 
 from stiefax.experiments import store
 
-__all__ = ["Stopped", "StopRequest"]
+__all__ = ["Stopped", "OutOfTime", "StopRequest"]
 
 
 class Stopped(KeyboardInterrupt):
@@ -32,6 +36,15 @@ class Stopped(KeyboardInterrupt):
   def __init__(self, signum: int):
     super().__init__(signum)
     self.signum = signum
+
+
+class OutOfTime(Exception):
+  """Training stopped at a time limit: checkpointed at ``epoch`` (the next window would
+  have ended past the limit), or ``epoch`` None when no run was in training."""
+
+  def __init__(self, epoch: Optional[int]):
+    super().__init__(epoch)
+    self.epoch = epoch
 
 
 class StopRequest:

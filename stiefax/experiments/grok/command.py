@@ -36,14 +36,16 @@ hash covers the whole configuration (every hyperparameter, the budget, the arm),
 two configurations share a file; the file records the command that reruns it and the
 code's commit. A finished run is never trained again nor overwritten: the same command
 skips it. An unfinished run keeps an Orbax checkpoint (parameters, optimizer state,
-history) in <run>.ckpt every --checkpoint-every epochs and on Ctrl-C or SIGTERM (a
-second one stops at once); the same command resumes it, to the same result as an
-uninterrupted run, and a damaged checkpoint is moved aside and the run restarted. Each run is claimed by
-a lock (<run>.lock), so several processes can share one --out: each trains different
-runs and waits for the others' runs. --vmap-seeds trains the seeds of an arm as one
-program, the seed a batch axis. `stiefax report OUT` prints the paper-style tables
-(memorized / grokked / sustained k/n, tail means, paired differences against A2) and
-writes PNG plots.
+history) in <run>.ckpt every --checkpoint-every epochs, every --checkpoint-seconds of
+training if given, and on Ctrl-C or SIGTERM (a second one stops at once); the same
+command resumes it, to the same result as an uninterrupted run, and a damaged checkpoint
+is moved aside and the run restarted. --time-limit stops the command cleanly before a
+deadline (the runs in training checkpointed, the runs left listed, exit status 75).
+Each run is claimed by a lock (<run>.lock), so several processes can share one --out:
+each trains different runs and waits for the others' runs. --vmap-seeds trains the
+seeds of an arm as one program, the seed a batch axis. `stiefax report OUT` prints the
+paper-style tables (memorized / grokked / sustained k/n, tail means, paired differences
+against A2) and writes PNG plots.
 
 Examples:
   stiefax grok
@@ -57,6 +59,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import math
 import os
 import sys
 import time
@@ -190,6 +193,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     help="epochs between checkpoints of an unfinished run, rounded up to"
     " a multiple of --eval-every; 0: only on Ctrl-C (default: 1000)",
   )
+  parser.add_argument(
+    "--checkpoint-seconds",
+    type=float,
+    default=None,
+    help="also checkpoint an unfinished run at the first evaluation this many seconds"
+    " after its last checkpoint, so that a killed run loses at most about that much"
+    " (default: off)",
+  )
+  parser.add_argument(
+    "--time-limit",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="stop cleanly before this many seconds from the start: checkpoint the runs"
+    " in training when the next evaluation window would end past it, start no other,"
+    f" list what is left and end with status {jobs.EXIT_TIME_LIMIT}; the same command"
+    " resumes (default: none)",
+  )
+  parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def resolve_config(args: argparse.Namespace) -> tuple[GrokConfig, list[str], list[int]]:
@@ -217,6 +239,12 @@ def resolve_config(args: argparse.Namespace) -> tuple[GrokConfig, list[str], lis
   every = getattr(args, "checkpoint_every", None)
   if every is not None and every < 0:
     raise CommandError(f"--checkpoint-every {every} must be >= 0 (0: only on Ctrl-C).")
+  for flag in ("checkpoint_seconds", "time_limit"):
+    value = getattr(args, flag, None)
+    if value is not None and not (math.isfinite(value) and value > 0):
+      raise CommandError(
+        f"--{flag.replace('_', '-')} {value:g} must be a positive number of seconds."
+      )
   arms = flags.parse_arms(args.arms, ARMS, preset["arms"])
   return config, arms, flags.parse_seeds(args.seeds, preset["seeds"])
 
@@ -278,19 +306,40 @@ def _remove_checkpoint(job: _Job) -> None:
     print(f"stiefax grok: warning: {os_error(e)}", file=sys.stderr, flush=True)
 
 
+def _left_at_the_time_limit(todo: list, records: dict, limit: Optional[float]) -> int:
+  """Says which runs ``--time-limit`` left unfinished (and where each stands); returns
+  :data:`~stiefax.experiments.jobs.EXIT_TIME_LIMIT`."""
+  left = [job for job in todo if (job.arm, job.seed) not in records]
+  print(
+    f"stiefax grok: time limit of {limit:g} s reached; {len(todo) - len(left)} of"
+    f" {len(todo)} run(s) finished, {len(left)} left:",
+    flush=True,
+  )
+  for job in left:
+    at = _checkpoint_epoch(job) if os.path.lexists(job.ckpt_path) else None
+    where = "not started" if at is None else f"checkpoint at epoch {at} ({job.ckpt_path.name})"
+    print(f"  {job.arm} seed {job.seed}: {where}", flush=True)
+  print("The same command resumes them.", flush=True)
+  return jobs.EXIT_TIME_LIMIT
+
+
 def run(args: argparse.Namespace) -> int:
   """``stiefax grok``: trains the (arm, seed) runs ``args`` ask for, then prints their summary.
 
   Each (arm, seed) is a job: a finished run (same identity and seed in its file) is not
   trained again; otherwise the job is claimed with a lock (``<run>.lock``), trained from
   its checkpoint (``<run>.ckpt``) if there is one, and written atomically
-  (:mod:`stiefax.experiments.store`). A job another process holds is waited for.
+  (:mod:`stiefax.experiments.store`). A job another process holds is waited for. With
+  ``--time-limit``, the runs in training are checkpointed and the command ends with
+  :data:`~stiefax.experiments.jobs.EXIT_TIME_LIMIT` before the limit, listing what is left.
   """
+  started = time.monotonic()  # --time-limit counts from here, JAX's import included
   # JAX and Orbax are imported here, so that ``stiefax grok --help`` imports neither.
   from stiefax.experiments.checkpoints import Checkpoints
   from stiefax.experiments.checkpoints import DamagedCheckpoint
   from stiefax.experiments.checkpoints import set_aside
   from stiefax.experiments.grok import training
+  from stiefax.experiments.stopping import OutOfTime
 
   config, arms, seeds = resolve_config(args)
   out = writable_dir(args.out, "--out")
@@ -316,6 +365,14 @@ def run(args: argparse.Namespace) -> int:
   waiting: set = set()
   every = checkpoint_interval(config, args.checkpoint_every)
   vmap = bool(getattr(args, "vmap_seeds", False)) and len(seeds) > 1
+  every_s = getattr(args, "checkpoint_seconds", None) or 0.0
+  limit = getattr(args, "time_limit", None)
+  deadline = None if limit is None else started + limit
+
+  def out_of_time() -> None:
+    """Raises :class:`OutOfTime` (no run in training) once the time limit has passed."""
+    if deadline is not None and time.monotonic() >= deadline:
+      raise OutOfTime(None)
 
   def claim(job: _Job, locks: list[store.RunLock]) -> bool:
     """True if this process now holds ``job`` (its lock in ``locks``) and must train it."""
@@ -363,9 +420,12 @@ def run(args: argparse.Namespace) -> int:
         config,
         batch[0].arm,
         [job.seed for job in batch],
+        progress=not getattr(args, "no_progress", False),
         checkpoints=checkpoints,
         checkpoint_every=every,
         vmap=vmap,
+        checkpoint_seconds=every_s,
+        deadline=deadline,
       )
     finally:
       for c in checkpoints:
@@ -390,6 +450,7 @@ def run(args: argparse.Namespace) -> int:
       at = _checkpoint_epoch(job)
       by_epoch.setdefault(-1 if at is None else at, []).append(job)
     for batch in by_epoch.values():
+      out_of_time()
       try:
         train_batch(batch)
       except DamagedCheckpoint as e:  # unreadable when restored: aside, then again
@@ -397,20 +458,24 @@ def run(args: argparse.Namespace) -> int:
         set_aside(Checkpoints(damaged.ckpt_path), e, "stiefax grok")
         train_claimed(batch)
 
-  while len(records) < len(todo):
-    before = len(records)
-    for arm in arms:
-      pending = [j for j in todo if j.arm == arm and (j.arm, j.seed) not in records]
-      for candidates in [pending] if vmap else [[j] for j in pending]:
-        locks: list = []
-        try:
-          claimed = [job for job in candidates if claim(job, locks)]
-          train_claimed(claimed)
-        finally:
-          for lock in locks:
-            lock.release()
-    if len(records) < len(todo) and len(records) == before:
-      time.sleep(2.0)  # every remaining run is held by another process
+  try:
+    while len(records) < len(todo):
+      before = len(records)
+      for arm in arms:
+        pending = [j for j in todo if j.arm == arm and (j.arm, j.seed) not in records]
+        for candidates in [pending] if vmap else [[j] for j in pending]:
+          locks: list = []
+          try:
+            claimed = [job for job in candidates if claim(job, locks)]
+            train_claimed(claimed)
+          finally:
+            for lock in locks:
+              lock.release()
+      if len(records) < len(todo) and len(records) == before:
+        out_of_time()
+        time.sleep(2.0)  # every remaining run is held by another process
+  except OutOfTime:
+    return _left_at_the_time_limit(todo, records, limit)
   ordered = [records[(j.arm, j.seed)] for j in todo]
   print(summary_table(ordered))
   print()

@@ -83,6 +83,33 @@ ARMS = arms.select(
 MMUON_LR, MUON_LR = ARMS["B2-mmuon"].rate, ARMS["A2-muon"].rate
 
 
+@dataclasses.dataclass(frozen=True)
+class Study:
+  """One of the paper's grokking studies: arms trained over seeds at one setting.
+
+  ``stiefax report`` prints a table per study and ``studies/gpu.sh`` trains them, in
+  the order of :data:`STUDIES` (the order of their value), each arm's seeds as one
+  program (``--vmap-seeds``).
+  """
+
+  name: str  # how the report and the lease plan name it
+  section: str  # where the paper reports it
+  arms: tuple[str, ...]
+  seeds: tuple[int, ...]
+  stabilize: bool  # the Power et al. setting (--stabilize)
+
+
+#: The studies that wait for an accelerator: the five-seed runs (a) and (b) of section
+#: 4.3 (the paper: A2 5/5 against B2 4/5 at the default setting; A2 5/5 against B2 2/5,
+#: t = -3.8 in A2's favour, stabilized) and the harnessing arms of section 4.4 (Table
+#: 5, seed 0; its A2 and B2 rows are run (a)'s).
+STUDIES = (
+  Study("run (a)", "4.3, default setting", ("A2", "B2"), (0, 1, 2, 3, 4), False),
+  Study("run (b)", "4.3, --stabilize", ("A2", "B2"), (0, 1, 2, 3, 4), True),
+  Study("Table 5", "4.4, default setting", ("A2-nwf", "B2-hi", "B2-sn", "B2-comb"), (0,), False),
+)
+
+
 # ----------------------------------------------------------------------------
 # Metrics on an evaluation history (epochs ascending).
 # ----------------------------------------------------------------------------

@@ -6,6 +6,13 @@ collapses (:mod:`stiefax.experiments.grok.collapses`) and the final isometry err
 paired difference of the tail mean against A2 with its t and bootstrap intervals and
 the statistical standard's verdict; PNG plots of the accuracy, isometry and
 effective-learning-rate histories.
+
+Then the paper's studies (:data:`~stiefax.experiments.grok.config.STUDIES`), per preset
+and budget: the five-seed runs (a) and (b) side by side, with their paired differences
+and, below six paired seeds, a plain line that they are not settled; and Table 5, the
+harnessing arms at seed 0 under run (a)'s A2 and B2. Rows without runs say so, so the
+tables show what is still missing. They are printed for the paper preset, and for any
+other preset once it holds more than the single-seed default runs.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from stiefax.experiments import report as report_lib
 from stiefax.experiments import stats
 from stiefax.experiments.grok.collapses import find_collapses
 from stiefax.experiments.grok.config import ARMS
+from stiefax.experiments.grok.config import STUDIES
+from stiefax.experiments.grok.config import Study
 
 __all__ = ["report"]
 
@@ -124,6 +133,197 @@ def _table(runs: Sequence[dict]) -> str:
         " >= 6 seeds, else not settled.",
       ]
   return "\n".join(lines)
+
+
+_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+
+
+def _seeds_words(n: int) -> str:
+  """``"five seeds"``, ``"one seed"``, ``"12 seeds"``."""
+  return f"{_WORDS[n] if n < len(_WORDS) else n} seed{'' if n == 1 else 's'}"
+
+
+def _seed_list(seeds: Iterable[int]) -> str:
+  """Seeds as ranges: ``0-4``, ``0,2-4``; ``-`` for none."""
+  ordered: list[int] = sorted(set(seeds))
+  parts: list[list[int]] = []
+  for s in ordered:
+    if parts and s == parts[-1][1] + 1:
+      parts[-1][1] = s
+    else:
+      parts.append([s, s])
+  return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in parts) or "-"
+
+
+def _family(run: dict) -> str:
+  c = run.get("config", {})
+  return f"preset={c.get('preset')} epochs={c.get('epochs')} eval_every={c.get('eval_every')}"
+
+
+def _studied(runs: Sequence[dict]) -> bool:
+  """Whether a preset's runs get the study tables: the paper preset always; another once
+  it holds more than seed 0 at the default setting of the arms it trains."""
+  return any(
+    r["config"].get("preset") == "paper"
+    or r["seed"] != 0
+    or r["config"].get("stabilize")
+    or any(r["arm"] in s.arms and len(s.seeds) == 1 for s in STUDIES)
+    for r in runs
+  )
+
+
+def _of_study(runs: Sequence[dict], study: Study) -> dict:
+  """``{arm: [run, ...]}`` at the study's setting: its arms (every seed found, so that
+  more seeds can settle it), then any other arm found there at several seeds."""
+  by_arm: dict = {arm: [] for arm in study.arms}
+  for r in runs:
+    if bool(r["config"].get("stabilize")) == study.stabilize:
+      by_arm.setdefault(r["arm"], []).append(r)
+  return {
+    arm: sorted(by_arm[arm], key=lambda r: r["seed"])
+    for arm in _arm_order(by_arm)
+    if arm in study.arms or len(by_arm[arm]) > 1
+  }
+
+
+def _k_of_n(ms: Sequence[dict], key: str) -> str:
+  return f"{sum(m[key] is not None for m in ms)}/{len(ms)}"
+
+
+def _missing(study: Study, by_arm: dict) -> list[str]:
+  """``"<arm> seeds <list>"`` for each arm of ``study`` whose seeds are not all there."""
+  out = []
+  for arm in study.arms:
+    left = set(study.seeds) - {r["seed"] for r in by_arm.get(arm, [])}
+    if left:
+      out.append(f"{arm} seed{'s' * (len(left) > 1)} {_seed_list(left)}")
+  return out
+
+
+def _five_seed_tables(runs: Sequence[dict]) -> str:
+  """The multi-seed studies side by side, their paired differences against A2 and, below
+  :data:`~stiefax.experiments.stats.MIN_SEEDS` paired seeds, the plain verdict."""
+  studies = [s for s in STUDIES if len(s.seeds) > 1]
+  rows, paired, plain, missing = [], [], [], []
+  for study in studies:
+    by_arm = _of_study(runs, study)
+    left = _missing(study, by_arm)
+    if left:
+      missing.append(f"{study.name} {', '.join(left)}")
+    for arm, rs in by_arm.items():
+      if not rs:
+        continue
+      ms = [r["metrics"] for r in rs]
+      tail_m, tail_s = stats.summarize([m["tail_test_acc"] for m in ms])
+      rows.append(
+        [
+          study.name,
+          arm,
+          _seed_list(r["seed"] for r in rs),
+          _k_of_n(ms, "grokked_epoch"),
+          _k_of_n(ms, "sustained_epoch"),
+          _median(m["grokked_epoch"] for m in ms),
+          _median(m["sustained_epoch"] for m in ms),
+          f"{tail_m:.3f}±{tail_s:.3f}",
+        ]
+      )
+    base = report_lib.by_seed(by_arm.get("A2", []), "tail_test_acc")
+    for arm, rs in by_arm.items():
+      other = report_lib.by_seed(rs, "tail_test_acc")
+      n = len(set(base) & set(other))
+      if arm == "A2" or not n:
+        continue
+      pr = report_lib.paired_by_seed(base, other, scale=100.0, min_seeds=2)
+      cells = report_lib.paired_cells(pr) if pr is not None else ["(needs >= 2 paired seeds)"]
+      paired.append([study.name, f"{arm} - A2", str(n), *cells])
+      if n < stats.MIN_SEEDS:
+        plain.append(
+          f"  {study.name}, {arm} - A2: {_seeds_words(n)}: not settled by the project's"
+          f" standard (>= {stats.MIN_SEEDS} paired seeds, the paired-t and bootstrap 95%"
+          " intervals agreeing)."
+        )
+  header = ["study", "arm", "seeds", "grok k/n", "sust k/n", "med grok epoch"]
+  header += ["med sust epoch", "tail held-out"]
+  width = 3 + 1 + len(report_lib.PAIRED_HEADER)
+  title = "; ".join(f"{s.name}, paper {s.section}" for s in studies)
+  seeds = " and ".join(sorted({_seed_list(s.seeds) for s in studies}))
+  lines = [f"Five-seed studies ({title}; seeds {seeds}):", report_lib.table(header, rows)]
+  if missing:
+    lines.append(f"  no runs yet: {'; '.join(missing)}")
+  lines += [
+    "Paired difference of the tail held-out mean vs A2 (arm - A2, per seed, pp):",
+    report_lib.table(
+      ["study", "contrast", "n", "Δ pp", *report_lib.PAIRED_HEADER],
+      [row + [""] * (width - len(row)) for row in paired],
+    ),
+    *plain,
+  ]
+  return "\n".join(lines)
+
+
+def _table5(runs: Sequence[dict]) -> str:
+  """Table 5: the harnessing arms at seed 0, under the five-seed A2 and B2 of run (a)."""
+  (harness,) = [s for s in STUDIES if len(s.seeds) == 1]
+  (baseline,) = [s for s in STUDIES if len(s.seeds) > 1 and s.stabilize == harness.stabilize]
+  rows = []
+  for arm, rs in _of_study(runs, baseline).items():
+    if arm not in baseline.arms or not rs:
+      continue
+    ms = [r["metrics"] for r in rs]
+    rows.append(
+      [
+        f"{arm} ({baseline.name})",
+        _seed_list(r["seed"] for r in rs),
+        _median(m["memorized_epoch"] for m in ms),
+        f"{_median(m['grokked_epoch'] for m in ms)} ({_k_of_n(ms, 'grokked_epoch')})",
+        f"{_median(m['sustained_epoch'] for m in ms)} ({_k_of_n(ms, 'sustained_epoch')})",
+        f"{stats.summarize([m['end_test_acc'] for m in ms])[0]:.3f}",
+        f"{stats.summarize([m['tail_test_acc'] for m in ms])[0]:.3f}",
+        f"{max(m['final_isometry'] for m in ms):.2e}",
+      ]
+    )
+  found = _of_study(runs, harness)
+  for arm in harness.arms:
+    for r in found[arm]:
+      m = r["metrics"]
+      rows.append(
+        [
+          arm,
+          str(r["seed"]),
+          _median([m["memorized_epoch"]]),
+          _median([m["grokked_epoch"]]),
+          _median([m["sustained_epoch"]]),
+          f"{m['end_test_acc']:.3f}",
+          f"{m['tail_test_acc']:.3f}",
+          f"{m['final_isometry']:.2e}",
+        ]
+      )
+  header = ["arm", "seeds", "memorized", "first >= 0.95", "sustained", "end held-out"]
+  header += ["tail held-out", "final iso"]
+  lines = [f"Table 5 (paper {harness.section}):", report_lib.table(header, rows)]
+  left = _missing(harness, found)
+  if left:
+    lines.append(f"  no runs yet: {', '.join(left)}")
+  lines.append(
+    f"  ({baseline.name}'s rows: medians over seeds (k/n reached), means of the end and"
+    " tail held-out accuracy, the largest final isometry error; memorized: train accuracy"
+    " >= 0.99; sustained: 3 evaluations in a row >= 0.95)"
+  )
+  return "\n".join(lines)
+
+
+def _study_tables(runs: Sequence[dict]) -> list[str]:
+  """The study tables of each preset and budget whose runs get them (:func:`_studied`)."""
+  families: dict = {}
+  for r in runs:
+    families.setdefault(_family(r), []).append(r)
+  parts = []
+  for family, rs in sorted(families.items()):
+    if _studied(rs):
+      parts.append(
+        f"The paper's grokking studies [{family}]:\n{_five_seed_tables(rs)}\n\n{_table5(rs)}"
+      )
+  return parts
 
 
 def _slug(text: str) -> str:
@@ -233,4 +433,4 @@ def report(runs: list, out_dir: Optional[pathlib.Path]) -> str:
       written = _plots(rs, pathlib.Path(out_dir), suffix)
       part += "\nplots: " + ", ".join(str(p) for p in written)
     parts.append(part)
-  return "\n\n".join(parts)
+  return "\n\n".join(parts + _study_tables(runs))

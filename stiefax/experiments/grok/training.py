@@ -44,6 +44,7 @@ from stiefax.experiments.grok.data import make_data
 from stiefax.experiments.grok.model import make_model
 from stiefax.experiments.grok.runs import arm_definition
 from stiefax.experiments.progress import progress_bar
+from stiefax.experiments.stopping import OutOfTime
 from stiefax.experiments.stopping import Stopped
 from stiefax.experiments.stopping import StopRequest
 
@@ -55,6 +56,7 @@ __all__ = [
   "unstack",
   "train",
   "train_seeds",
+  "device_name",
 ]
 
 
@@ -216,6 +218,8 @@ def train_seeds(
   checkpoints: Optional[Sequence[Checkpoints]] = None,
   checkpoint_every: int = 0,
   vmap: bool = True,
+  checkpoint_seconds: float = 0.0,
+  deadline: Optional[float] = None,
 ) -> list[dict]:
   """Trains one arm from several seeds in step; returns one run record per seed.
 
@@ -223,6 +227,14 @@ def train_seeds(
   per-seed program: the same arithmetic, batched), else there must be one seed. Every
   seed's checkpoints (see :func:`train`) are its own, so a run started with or without
   ``vmap`` resumes either way; the seeds must have been checkpointed at the same epoch.
+
+  Checkpoints are saved every ``checkpoint_every`` epochs and, with
+  ``checkpoint_seconds`` > 0, at the first evaluation that many seconds after the last
+  save (or the start), so that a run killed at any moment loses at most that much
+  training. ``deadline`` (a :func:`time.monotonic` value): when the next evaluation
+  window and a save would end past it, the seeds are checkpointed and
+  :class:`~stiefax.experiments.stopping.OutOfTime` is raised. Neither changes the
+  arithmetic: a resumed run is the uninterrupted run.
   """
   seeds = [int(s) for s in seeds]
   if not vmap and len(seeds) != 1:
@@ -260,7 +272,11 @@ def train_seeds(
   latest = reached.pop()
   if latest is not None:
     for i, s in enumerate(seeds):
-      params[i], opt_state[i], meta = ckpts[i].restore(latest, params[i], opt_state[i])
+      restored = ckpts[i].restore(latest, params[i], opt_state[i])
+      # Placed as fresh arrays are (not committed to a device), so that a run resumed in
+      # the process that compiled its programs reuses them.
+      params[i], opt_state[i] = jax.tree.map(jnp.asarray, jax.device_get(restored[:2]))
+      meta = restored[2]
       if meta.get("seed") != s or meta.get("epoch") != latest:
         raise CommandError(
           f"checkpoint {ckpts[i].directory} holds seed {meta.get('seed')} at epoch"
@@ -309,11 +325,16 @@ def train_seeds(
   bar = progress_bar(
     config.epochs, desc=desc, unit="epoch", enabled=progress, initial=epoch, leave=True
   )
+  last_save = time.monotonic()  # wall-time checkpoints count from here
+  save_s = 0.0  # the longest save so far: a stop at the deadline must leave time for one
+  window_s, windows = 0.0, 0  # the last window's time; the first one compiles: not counted
   with StopRequest("stiefax grok") as stop:
     while epoch < config.epochs:
+      window_start = time.monotonic()
       params, opt_state, ev = train_chunk(params, opt_state, data)
       epoch += config.eval_every
-      ev = record(epoch, evaluation(ev))
+      ev = record(epoch, evaluation(ev))  # reads the arrays back: the window is done
+      now = time.monotonic()
       bar.set_postfix(
         train=f"{ev['train_acc']:.3f}",
         test=f"{ev['test_acc']:.3f}",
@@ -321,12 +342,33 @@ def train_seeds(
         refresh=False,
       )
       bar.update(config.eval_every)
+      unfinished = epoch < config.epochs
+      out_of_time = unfinished and deadline is not None and now + window_s + save_s > deadline
+      windows += 1
+      window_s = now - window_start if windows > 1 else 0.0
       if (
         ckpts
-        and epoch < config.epochs
-        and (stop.requested or (checkpoint_every and epoch % checkpoint_every == 0))
+        and unfinished
+        and (
+          stop.requested
+          or out_of_time
+          or (checkpoint_every and epoch % checkpoint_every == 0)
+          or (checkpoint_seconds > 0 and now - last_save >= checkpoint_seconds)
+        )
       ):
         save()
+        last_save = time.monotonic()
+        save_s = max(save_s, last_save - now)
+      if out_of_time and not stop.requested:
+        bar.close()
+        where = f"; checkpoint at epoch {epoch}" if ckpts else ""
+        print(
+          f"stiefax grok: time limit: stopped {desc} at epoch {epoch}{where}; the same"
+          " command resumes it",
+          file=sys.stderr,
+          flush=True,
+        )
+        raise OutOfTime(epoch)
       if stop.requested and epoch < config.epochs:
         bar.close()
         where = f"; checkpoint at epoch {epoch}" if ckpts else ""
@@ -357,6 +399,7 @@ def train_seeds(
           "n_params": n_params,
           "jax_version": jax.__version__,
           "backend": jax.default_backend(),
+          "device": device_name(),
         },
         "metrics": run_metrics(histories[i], config),
         "history": histories[i],
@@ -366,6 +409,17 @@ def train_seeds(
       }
     )
   return records
+
+
+def device_name() -> str:
+  """The device the runs train on, as the run records give it: its platform and kind
+  (``"gpu NVIDIA H100 80GB HBM3"``; ``"cpu cpu"`` on a CPU).
+
+  Returns:
+    The first device's platform and ``device_kind``, one space apart.
+  """
+  device = jax.devices()[0]
+  return f"{device.platform} {getattr(device, 'device_kind', '')}".strip()
 
 
 @functools.cache
