@@ -65,6 +65,7 @@ __all__ = [
   "record_problem",
   "number_problem",
   "list_problem",
+  "history_problem",
 ]
 
 #: The experiment commands: ``stiefax <name>`` is the package ``stiefax.experiments.<name>``,
@@ -172,6 +173,15 @@ def list_problem(
     if key in numbers and not all(v is None or _is_number(v) for v in value):
       return f"{where} hold {key!r} with a value that is not a number"
   return None
+
+
+def history_problem(run: dict, numbers: Any) -> Optional[str]:
+  """Why ``run["history"]`` is not what a reader needs: an object whose lists
+  ``numbers`` hold numbers (:func:`list_problem`); None if it is."""
+  history = run.get("history")
+  if not isinstance(history, dict):
+    return "lacks the field 'history'"
+  return list_problem(history, numbers, "its histories", numbers=numbers)
 
 
 def _short(value: Any) -> str:

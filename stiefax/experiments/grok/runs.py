@@ -212,10 +212,7 @@ def check_run(run: dict) -> Optional[str]:
     problem = protocol.number_problem(run["metrics"], key, "its metrics", integer=epoch, none=epoch)
     if problem:
       return problem
-  history = run.get("history")
-  if not isinstance(history, dict):
-    return "lacks the field 'history'"
-  problem = protocol.list_problem(history, _HISTORY, "its histories", numbers=_HISTORY)
+  problem = protocol.history_problem(run, _HISTORY)
   if problem:
     return problem
   try:

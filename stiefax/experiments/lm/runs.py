@@ -187,12 +187,10 @@ def check_run(run: dict) -> Any:
     )
     if problem:
       return problem
-  history = run.get("history")
-  if not isinstance(history, dict):
-    return "lacks the field 'history'"
-  problem = protocol.list_problem(history, _HISTORY, "its histories", numbers=_HISTORY)
+  problem = protocol.history_problem(run, _HISTORY)
   if problem:
     return problem
+  history = run["history"]
   rest = [k for k, v in history.items() if k not in _HISTORY]
   return protocol.list_problem(history, rest, "its histories", length=len(history["step"]))
 
