@@ -84,14 +84,21 @@ def _q_and_k_of_qkv(heads: HeadSplit) -> FrameSpec:
   return FrameSpec(row_axis=2, select=(0, (0, 1)))
 
 
+def _given(heads: HeadSplit) -> tuple[int, int]:
+  if heads is None:
+    raise ValueError(
+      "The FrameSpec of a Dense layout needs the split of its head axis,"
+      " (heads, -1) or (-1, head_dim); got None."
+    )
+  return heads
+
+
 def _dense_heads(heads: HeadSplit) -> FrameSpec:
-  assert heads is not None, "a Dense layout is built with its head split"
-  return FrameSpec(split=(1, heads))
+  return FrameSpec(split=(1, _given(heads)))
 
 
 def _q_and_k_thirds(heads: HeadSplit) -> FrameSpec:
-  assert heads is not None, "a Dense layout is built with its head split"
-  return FrameSpec(split=(1, (3, *heads)), select=(1, (0, 1)))
+  return FrameSpec(split=(1, (3, *_given(heads))), select=(1, (0, 1)))
 
 
 _FLAX = "Flax MultiHeadDotProductAttention, nnx MultiHeadAttention"
