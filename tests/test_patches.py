@@ -82,10 +82,10 @@ def test_non_frame_init_is_shared_across_arms():
 
   setting = patches_config.Setting(n_train=8, epochs=1, d=16, heads=4, head_dim=4, mlp_ratio=1)
   model = patches_model.make_model(setting, 4, 10)
-  init = patches_training.programs(setting, 4, 10).init  # the jitted init the trainers share
-  a2 = patches_training.init_params(model, patches_config.ARMS["A2"], 0, 4, 16, init)
-  b2 = patches_training.init_params(model, patches_config.ARMS["B2"], 0, 4, 16, init)
-  a2_other = patches_training.init_params(model, patches_config.ARMS["A2"], 1, 4, 16, init)
+  init = patches_training.model_programs(setting, 4, 10).init  # the jitted init the trainers share
+  a2 = patches_training.init_model(model, patches_config.ARMS["A2"], 0, 4, 16, init)
+  b2 = patches_training.init_model(model, patches_config.ARMS["B2"], 0, 4, 16, init)
+  a2_other = patches_training.init_model(model, patches_config.ARMS["A2"], 1, 4, 16, init)
   frames = set(patches_model.frame_paths(a2))
   assert len(frames) == 2  # query and key kernels
   for i, (x, y, z) in enumerate(zip(*(jax.tree.leaves(t) for t in (a2, b2, a2_other)))):
