@@ -132,7 +132,8 @@ def _toy_config(experiment):
   if experiment == "lm":
     from stiefax.experiments.lm import config  # pylint: disable=g-import-not-at-top
 
-    return dataclasses.replace(config.PRESETS["quick"], steps=2, warmup_steps=0, eval_every=1)
+    quick = config.PRESETS["quick"]
+    return dataclasses.replace(quick, depth=1, d_model=32, mlp_dim=64, heads=2, kv_heads=1)
   from stiefax.experiments.patches import config  # pylint: disable=g-import-not-at-top
   from stiefax.experiments.patches import training  # pylint: disable=g-import-not-at-top
 
