@@ -133,7 +133,7 @@ def patch_rows(reps, batch):
     tx = optim.make_optimizer(
       arm, patches_config.hyper(setting, patches_config.arm_hparams(arm, setting, None))
     )
-    params = patch_training.init_params(model, arm, 0, tokens, setting.d)
+    params = patch_training.init_model(model, arm, 0, tokens, setting.d)
     state = tx.init(params)
     step = _make_step(loss_fn, tx)
     memory[name] = _memory(step.lower(params, state, x, y).compile())

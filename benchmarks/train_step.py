@@ -57,7 +57,7 @@ def main():
     arm = patches_config.arm_by_name(name)
     hp = patches_config.arm_hparams(arm, setting, None)
     tx = optim.make_optimizer(arm, patches_config.hyper(setting, hp))
-    params = patch_training.init_params(model, arm, 0, tokens, setting.d)
+    params = patch_training.init_model(model, arm, 0, tokens, setting.d)
     steppers[name] = (make_step(model, tx), [(params, tx.init(params))])
 
   def timed(name):

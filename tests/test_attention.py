@@ -154,7 +154,7 @@ def test_new_arms_share_the_seed_init_and_build_their_optimizers():
   for name in ("A2", "A2-qknorm", "A2-sigma", "B2-qknorm"):
     arm = arms.ARMS[name]
     model = patch_model.make_model(setting, 4, 10, arm.attention)
-    inits[name] = patch_training.init_params(model, arm, 3, 4, D)
+    inits[name] = patch_training.init_model(model, arm, 3, 4, D)
     tx = optim.make_optimizer(arm, optim.Hyper())
     params = inits[name]
     grads = jax.tree.map(jnp.ones_like, params)

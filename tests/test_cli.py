@@ -142,8 +142,8 @@ def test_the_command_line_imports_no_jax_flax_or_optax():
 
 # The modules that ``stiefax <command> --help`` imports: they import JAX, Orbax, SciPy,
 # Matplotlib, scikit-learn and the training code inside the functions that run a
-# command (``run``, ``hyper``, a statistic, a plot), so that the help is printed without
-# them (test_command_help_imports_no_jax).
+# command (``run``, ``hyper``, the run loop, a statistic, a plot), so that the help is
+# printed without them (test_command_help_imports_no_jax).
 HELP_MODULES = (
   "grok/command.py",
   "grok/config.py",
@@ -151,6 +151,7 @@ HELP_MODULES = (
   "lm/config.py",
   "patches/command.py",
   "patches/config.py",
+  "jobs.py",
   "report.py",
   "stats.py",
   "certify.py",

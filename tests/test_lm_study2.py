@@ -30,7 +30,7 @@ NEW = ("B2-temp", "B2-fold", "A2-temp", "B2-diag")
 
 
 def _params(name, seed=0):
-  return training.init_params(arms.ARMS[name], TINY, seed)["params"]
+  return training.init_params(TINY, arms.ARMS[name], seed)["params"]
 
 
 def _keyed(tree):
@@ -145,8 +145,8 @@ def test_fold_bound_holds_after_training(dtype):
   bound of the trained parameters."""
   config = dataclasses.replace(TINY, adamw_lr=0.1, frame_lr=1.0)
   arm = arms.ARMS["B2-fold"]
-  progs = training.programs(arm, config)
-  variables = training.init_params(arm, config, 0)
+  progs = training.programs(config, arm)
+  variables = training.init_params(config, arm, 0)
   state = progs.opt_init(variables)
   train = jnp.asarray(data.load().train[:50_000])
   positions = jnp.asarray(data.train_positions(50_000, config.seq, 8, config.batch, 0))

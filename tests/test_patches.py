@@ -82,10 +82,10 @@ def test_non_frame_init_is_shared_across_arms():
 
   setting = patches_config.Setting(n_train=8, epochs=1, d=16, heads=4, head_dim=4, mlp_ratio=1)
   model = patches_model.make_model(setting, 4, 10)
-  init = patches_training.programs(setting, 4, 10).init  # the jitted init the trainers share
-  a2 = patches_training.init_params(model, patches_config.ARMS["A2"], 0, 4, 16, init)
-  b2 = patches_training.init_params(model, patches_config.ARMS["B2"], 0, 4, 16, init)
-  a2_other = patches_training.init_params(model, patches_config.ARMS["A2"], 1, 4, 16, init)
+  init = patches_training.model_programs(setting, 4, 10).init  # the jitted init the trainers share
+  a2 = patches_training.init_model(model, patches_config.ARMS["A2"], 0, 4, 16, init)
+  b2 = patches_training.init_model(model, patches_config.ARMS["B2"], 0, 4, 16, init)
+  a2_other = patches_training.init_model(model, patches_config.ARMS["A2"], 1, 4, 16, init)
   frames = set(patches_model.frame_paths(a2))
   assert len(frames) == 2  # query and key kernels
   for i, (x, y, z) in enumerate(zip(*(jax.tree.leaves(t) for t in (a2, b2, a2_other)))):
@@ -230,13 +230,12 @@ def test_a_held_run_is_passed_over_until_every_free_run_is_trained(tmp_path, cap
   text = capsys.readouterr().out
   assert polls == [polls[0]] and polls[0].startswith(held)  # asked once, then passed over
   assert "coming back to it after the other runs" in text
-  assert "second pass: 1 run(s) were held by other processes" in text
-  # The frozen run (no rate to select) trained in the first pass; A2 is selected only
-  # once its held run is in, and its final run uses the selected rate.
-  first, second = text.split("second pass:")
+  # The frozen run (no rate to select) trained while A2's selection run was held; A2 is
+  # selected only once that run is in, and its final run uses the selected rate.
+  first, second = text.split("selected A2:")
   assert re.search(r"^  frozen +seed 0 +test acc", first, re.M)
-  assert "selected A2" not in first and not re.search(r"^  A2 +seed 0 +test acc", first, re.M)
-  rate = float(re.search(r"^selected A2: ([0-9.e-]+)", second, re.M).group(1))
+  assert not re.search(r"^  A2 +seed 0 +test acc", first, re.M)
+  rate = float(re.search(r"^ ([0-9.e-]+)", second, re.M).group(1))
   (a2,) = [json.loads(p.read_text()) for p in out.glob("run-A2-*.json")]
   assert a2["config"]["adamw_lr"] == pytest.approx(rate)
   assert len(list(out.glob("select-lr-*.json"))) == 2
@@ -258,7 +257,7 @@ def test_no_wait_leaves_a_held_run_to_its_process(tmp_path, capsys, monkeypatch)
   assert cli.main(argv + ["--no-wait"]) == jobs.EXIT_HELD == 75
   text = capsys.readouterr().out
   assert "1 run(s) held by other processes are left to them (--no-wait)" in text
-  assert "second pass" not in text and len(asked) == 1
+  assert len(asked) == 2  # asked in the pass that trained frozen, and once more
   assert [p.name.split("-")[1] for p in out.glob("run-*.json")] == ["frozen"]
   assert not list(out.glob("*.lock"))
 

@@ -5,12 +5,14 @@
 names, as every Optax optimizer is an ``init``/``update`` pair:
 
 ============== ============ ================== =============================================
-piece          module       name               what it is
+piece          module       name               signature: what it is
 ============== ============ ================== =============================================
 parser         ``command``  ``add_arguments``  ``(parser) -> None``: the command's flags; the
                                                module docstring is its ``--help`` text
-run            ``command``  ``run``            ``(args) -> int``: trains the runs ``args``
-                                               ask for, prints their summary; exit status
+run            ``command``  ``run``            ``(args) -> int``: builds the runs ``args``
+                                               ask for as jobs, hands them to the run loop
+                                               (:func:`stiefax.experiments.jobs.run_jobs`),
+                                               prints their summary; exit status
 report         ``tables``   ``report``         ``(runs, out_dir) -> str``: the tables of
                                                ``stiefax report``, and its plots in
                                                ``out_dir``
@@ -20,18 +22,24 @@ run check      ``runs``     ``check_run``      ``(run) -> str | None``: what a r
                                                lacks for the report
 arm definition ``runs``     ``arm_definition`` ``(arm) -> dict``: how a run records its arm
                                                (part of its identity and file name)
-programs       ``training`` ``programs``       the jitted programs of a model and arm,
-                                               built once and shared by the seeds
-init           ``training`` ``init_params``    an arm's starting point at a seed
-arms           ``config``   ``ARMS``           the arms offered (a selection of
+programs       ``training`` ``programs``       ``(config, arm) -> programs``: the jitted
+                                               programs of a model and arm, built once
+                                               (the same object again) and shared by seeds
+init           ``training`` ``init_params``    ``(config, arm, seed) -> variables``: an
+                                               arm's starting point at a seed, the model's
+                                               variables (``{"params": ...}``)
+arms           ``config``   ``ARMS``           ``{name: Arm}``: the arms offered (a
+                                               selection of
                                                :data:`stiefax.experiments.arms.ARMS`)
 presets        ``config``   ``PRESETS``        ``{name: settings}``: the named settings
                                                a run starts from
 ============== ============ ================== =============================================
 
-The parameters the first column's signatures name are the same in every package
-(:data:`PIECES`); ``programs`` and ``init_params`` take what their model needs (a
-configuration, an arm or its attention variant, a seed) and differ between packages.
+Each function's signature is written once, as a :class:`typing.Protocol` here
+(:data:`PIECES`: :class:`Parser`, :class:`Run`, ...), and every package's function
+takes the protocol's parameters first, by the same names (more only with defaults).
+``config`` is the package's model configuration: ``GrokConfig``, ``LMConfig``, and
+patches' ``ModelConfig`` (a ``Setting`` with the data's token count and classes).
 Besides these a package holds ``data`` and ``model``, and may hold modules of its own
 (``grok.collapses``, ``lm.fair``, ``patches.protocols``, ...). The package's
 ``__init__`` holds only its docstring: every name is defined and exported in one
@@ -46,21 +54,37 @@ fields every run has by type (``"experiment"``, ``"arm"``, an integer ``"seed"``
 ``[0, 2^32)``, ``"config"`` and ``"metrics"`` objects), then the experiment's run check,
 which checks by type every field its commands and report read (:func:`number_problem`,
 :func:`list_problem`), then that its run key can be computed.
-``tests/test_commands.py`` crosses every package with every piece.
+``tests/test_commands.py`` crosses every package with every piece, and calls each
+piece of each package at a toy size.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import inspect
 import math
+import pathlib
 from typing import Any
+from typing import Mapping
 from typing import NamedTuple
 from typing import Optional
+from typing import Protocol
+
+from stiefax.experiments.arms import Arm
 
 __all__ = [
   "EXPERIMENTS",
   "Piece",
   "PIECES",
+  "Parser",
+  "Run",
+  "Report",
+  "RunKey",
+  "RunCheck",
+  "ArmDefinition",
+  "Programs",
+  "Init",
   "piece",
   "record_problem",
   "number_problem",
@@ -73,27 +97,82 @@ __all__ = [
 EXPERIMENTS = ("grok", "patches", "lm")
 
 
+class Parser(Protocol):
+  """``add_arguments``: adds the command's flags to ``parser``."""
+
+  def __call__(self, parser: argparse.ArgumentParser) -> None: ...
+
+
+class Run(Protocol):
+  """``run``: trains the runs ``args`` ask for (through the run loop); exit status."""
+
+  def __call__(self, args: argparse.Namespace) -> int: ...
+
+
+class Report(Protocol):
+  """``report``: the tables of ``runs``, and the plots written in ``out_dir``."""
+
+  def __call__(self, runs: list[dict], out_dir: Optional[pathlib.Path]) -> str: ...
+
+
+class RunKey(Protocol):
+  """``run_key``: equal for two files of one run (configuration and seed)."""
+
+  def __call__(self, run: dict) -> tuple: ...
+
+
+class RunCheck(Protocol):
+  """``check_run``: what a run file lacks for the report (None: nothing)."""
+
+  def __call__(self, run: dict) -> Optional[str]: ...
+
+
+class ArmDefinition(Protocol):
+  """``arm_definition``: how a run records its arm."""
+
+  def __call__(self, arm: Arm) -> dict: ...
+
+
+class Programs(Protocol):
+  """``programs``: the jitted programs of a model configuration and arm, built once."""
+
+  def __call__(self, config: Any, arm: Arm) -> Any: ...
+
+
+class Init(Protocol):
+  """``init_params``: the model's variables (``{"params": ...}``) of ``arm`` at ``seed``."""
+
+  def __call__(self, config: Any, arm: Arm, seed: int) -> Any: ...
+
+
 class Piece(NamedTuple):
-  """Where a piece of a command lives: ``stiefax.experiments.<experiment>.<module>.<name>``."""
+  """Where a piece of a command lives: ``stiefax.experiments.<experiment>.<module>.<name>``,
+  and what it is: a :class:`typing.Protocol` of its signature, or a table's type."""
 
   module: str
   name: str
-  #: The leading parameters every package's function takes; None for a value (a table).
-  parameters: Optional[tuple[str, ...]]
+  kind: Any
+
+  @property
+  def parameters(self) -> Optional[tuple[str, ...]]:
+    """The parameters every package's function takes first; None for a table."""
+    if self.kind is Mapping:
+      return None
+    return tuple(inspect.signature(self.kind.__call__).parameters)[1:]  # less ``self``
 
 
 #: The pieces of a command, by the names of the module docstring's table.
 PIECES: dict[str, Piece] = {
-  "parser": Piece("command", "add_arguments", ("parser",)),
-  "run": Piece("command", "run", ("args",)),
-  "report": Piece("tables", "report", ("runs", "out_dir")),
-  "run key": Piece("runs", "run_key", ("run",)),
-  "run check": Piece("runs", "check_run", ("run",)),
-  "arm definition": Piece("runs", "arm_definition", ("arm",)),
-  "programs": Piece("training", "programs", ()),
-  "init": Piece("training", "init_params", ()),
-  "arms": Piece("config", "ARMS", None),
-  "presets": Piece("config", "PRESETS", None),
+  "parser": Piece("command", "add_arguments", Parser),
+  "run": Piece("command", "run", Run),
+  "report": Piece("tables", "report", Report),
+  "run key": Piece("runs", "run_key", RunKey),
+  "run check": Piece("runs", "check_run", RunCheck),
+  "arm definition": Piece("runs", "arm_definition", ArmDefinition),
+  "programs": Piece("training", "programs", Programs),
+  "init": Piece("training", "init_params", Init),
+  "arms": Piece("config", "ARMS", Mapping),
+  "presets": Piece("config", "PRESETS", Mapping),
 }
 
 

@@ -31,21 +31,22 @@ Presets:
 --stabilize runs the Power et al. setting (b2 0.98 and a 10-step linear warm-up, for
 the AdamW and the Riemannian rate alike).
 
-Each run writes OUT/<arm>[-stab]-<preset>-e<epochs>-<hash>-s<seed>.json, where the
-hash covers the whole configuration (every hyperparameter, the budget, the arm), so no
-two configurations share a file; the file records the command that reruns it and the
-code's commit. A finished run is never trained again nor overwritten: the same command
-skips it. An unfinished run keeps an Orbax checkpoint (parameters, optimizer state,
-history) in <run>.ckpt every --checkpoint-every epochs, every --checkpoint-seconds of
-training if given, and on Ctrl-C or SIGTERM (a second one stops at once); the same
-command resumes it, to the same result as an uninterrupted run, and a damaged checkpoint
-is moved aside and the run restarted. --time-limit stops the command cleanly before a
-deadline (the runs in training checkpointed, the runs left listed, exit status 75).
-Each run is claimed by a lock (<run>.lock), so several processes can share one --out:
-each trains different runs and waits for the others' runs. --vmap-seeds trains the
-seeds of an arm as one program, the seed a batch axis. `stiefax report OUT` prints the
-paper-style tables (memorized / grokked / sustained k/n, tail means, paired differences
-against A2) and writes PNG plots.
+Each run writes OUT/<arm>[-stab]-<preset>-e<epochs>-<hash>-s<seed>.json, where the hash
+covers the whole configuration (every hyperparameter, the budget, the arm), so no two
+configurations share a file; the file records the command that reruns it and the code's
+commit. A finished run is never trained again nor overwritten: the same command skips it
+(--force trains it again; the earlier file is moved aside). An unfinished run keeps an
+Orbax checkpoint (parameters, optimizer state, history) in <run>.ckpt every
+--checkpoint-every epochs, every --checkpoint-seconds of training if given, and on
+Ctrl-C or SIGTERM (a second one stops at once); the same command resumes it, to the same
+result as an uninterrupted run, and a damaged checkpoint is moved aside and the run
+restarted. --time-limit stops the command cleanly before a deadline (the runs in
+training checkpointed, the runs left listed, exit status 75). Each run is claimed by a
+lock (<run>.lock), so several processes can share one --out: each trains different runs
+and waits for the others' runs (--no-wait: leaves them to the others, exit status 75).
+--vmap-seeds trains the seeds of an arm as one program, the seed a batch axis. `stiefax
+report OUT` prints the paper-style tables (memorized / grokked / sustained k/n, tail
+means, paired differences against A2) and writes PNG plots.
 
 Examples:
   stiefax grok
@@ -57,11 +58,8 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import math
-import os
-import sys
 import time
 from typing import Any
 from typing import Optional
@@ -70,7 +68,6 @@ from stiefax.experiments import flags
 from stiefax.experiments import jobs
 from stiefax.experiments import store
 from stiefax.experiments.flags import CommandError
-from stiefax.experiments.flags import os_error
 from stiefax.experiments.flags import writable_dir
 from stiefax.experiments.grok.config import ARMS
 from stiefax.experiments.grok.config import PRESETS
@@ -211,7 +208,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     f" list what is left and end with status {jobs.EXIT_TIME_LIMIT}; the same command"
     " resumes (default: none)",
   )
-  parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+  jobs.add_arguments(parser)
 
 
 def resolve_config(args: argparse.Namespace) -> tuple[GrokConfig, list[str], list[int]]:
@@ -282,64 +279,15 @@ class _Job(jobs.Job):
     return record_identity(record) == self.identity and record["seed"] == self.seed
 
 
-def _checkpoint_epoch(job: _Job) -> Optional[int]:
-  """The epoch of ``job``'s checkpoint (None: none, or damaged and moved aside)."""
-  from stiefax.experiments import checkpoints  # jax and orbax: after --help
-
-  ckpt = checkpoints.Checkpoints(job.ckpt_path)
-  try:
-    return ckpt.latest_epoch()
-  except checkpoints.DamagedCheckpoint as e:
-    checkpoints.set_aside(ckpt, e, "stiefax grok")
-    return None
-  finally:
-    ckpt.close()
-
-
-def _remove_checkpoint(job: _Job) -> None:
-  """Removes a finished run's checkpoint folder; a link there is left, with a warning."""
-  from stiefax.experiments import checkpoints  # jax and orbax: after --help
-
-  try:
-    checkpoints.Checkpoints(job.ckpt_path).remove()
-  except OSError as e:
-    print(f"stiefax grok: warning: {os_error(e)}", file=sys.stderr, flush=True)
-
-
-def _left_at_the_time_limit(todo: list, records: dict, limit: Optional[float]) -> int:
-  """Says which runs ``--time-limit`` left unfinished (and where each stands); returns
-  :data:`~stiefax.experiments.jobs.EXIT_TIME_LIMIT`."""
-  left = [job for job in todo if (job.arm, job.seed) not in records]
-  print(
-    f"stiefax grok: time limit of {limit:g} s reached; {len(todo) - len(left)} of"
-    f" {len(todo)} run(s) finished, {len(left)} left:",
-    flush=True,
-  )
-  for job in left:
-    at = _checkpoint_epoch(job) if os.path.lexists(job.ckpt_path) else None
-    where = "not started" if at is None else f"checkpoint at epoch {at} ({job.ckpt_path.name})"
-    print(f"  {job.arm} seed {job.seed}: {where}", flush=True)
-  print("The same command resumes them.", flush=True)
-  return jobs.EXIT_TIME_LIMIT
-
-
 def run(args: argparse.Namespace) -> int:
   """``stiefax grok``: trains the (arm, seed) runs ``args`` ask for, then prints their summary.
 
-  Each (arm, seed) is a job: a finished run (same identity and seed in its file) is not
-  trained again; otherwise the job is claimed with a lock (``<run>.lock``), trained from
-  its checkpoint (``<run>.ckpt``) if there is one, and written atomically
-  (:mod:`stiefax.experiments.store`). A job another process holds is waited for. With
-  ``--time-limit``, the runs in training are checkpointed and the command ends with
-  :data:`~stiefax.experiments.jobs.EXIT_TIME_LIMIT` before the limit, listing what is left.
+  Each (arm, seed) is a job of the run loop (:func:`stiefax.experiments.jobs.run_jobs`:
+  finished runs skipped, locks, checkpoints, atomic writes, ``--no-wait``, ``--force``,
+  ``--time-limit``); with ``--vmap-seeds`` the seeds of an arm are one batch.
   """
   started = time.monotonic()  # --time-limit counts from here, JAX's import included
-  # JAX and Orbax are imported here, so that ``stiefax grok --help`` imports neither.
-  from stiefax.experiments.checkpoints import Checkpoints
-  from stiefax.experiments.checkpoints import DamagedCheckpoint
-  from stiefax.experiments.checkpoints import set_aside
-  from stiefax.experiments.grok import training
-  from stiefax.experiments.stopping import OutOfTime
+  from stiefax.experiments.grok import training  # JAX: after --help
 
   config, arms, seeds = resolve_config(args)
   out = writable_dir(args.out, "--out")
@@ -358,125 +306,48 @@ def run(args: argparse.Namespace) -> int:
       out / run_file_name(config, arm, seed, args.preset, args.stabilize),
       run_identity(config, arm, args.preset),
     )
-    for seed in seeds
     for arm in arms
+    for seed in seeds
   ]
-  records: dict = {}
-  waiting: set = set()
   every = checkpoint_interval(config, args.checkpoint_every)
   vmap = bool(getattr(args, "vmap_seeds", False)) and len(seeds) > 1
-  every_s = getattr(args, "checkpoint_seconds", None) or 0.0
   limit = getattr(args, "time_limit", None)
   deadline = None if limit is None else started + limit
 
-  def out_of_time() -> None:
-    """Raises :class:`OutOfTime` (no run in training) once the time limit has passed."""
-    if deadline is not None and time.monotonic() >= deadline:
-      raise OutOfTime(None)
-
-  def claim(job: _Job, locks: list[store.RunLock]) -> bool:
-    """True if this process now holds ``job`` (its lock in ``locks``) and must train it."""
-    key = (job.arm, job.seed)
-    done = job.finished()
-    if done:
-      print(f"  {job.arm} seed {job.seed}: finished already ({job.path.name})", flush=True)
-      records[key] = done
-      if os.path.lexists(job.ckpt_path):  # left by a process ended between the two
-        leftover = store.RunLock(job.lock_path)
-        with contextlib.suppress(OSError):
-          if leftover.acquire():  # nobody trains it: the training state is not needed
-            try:
-              _remove_checkpoint(job)
-            finally:
-              leftover.release()
-      return False
-    lock = store.RunLock(job.lock_path)
-    try:
-      acquired = lock.acquire()
-    except OSError as e:
-      raise CommandError(f"cannot lock the run: {os_error(e)}.") from None
-    if not acquired:
-      if key not in waiting:
-        print(
-          f"  {job.arm} seed {job.seed}: being trained by {lock.held_by()}; waiting for it",
-          flush=True,
-        )
-        waiting.add(key)
-      return False
-    locks.append(lock)
-    done = job.finished(repair=True)  # finished meanwhile?
-    if done:
-      if os.path.lexists(job.ckpt_path):  # left by a process ended just after
-        _remove_checkpoint(job)
-      records[key] = done
-      return False
-    return True
-
-  def train_batch(batch: list) -> None:
-    """Trains ``batch`` (jobs of one arm, checkpointed at the same epoch), writes them."""
-    checkpoints = [Checkpoints(job.ckpt_path) for job in batch]
-    try:
-      results = training.train_seeds(
-        config,
-        batch[0].arm,
-        [job.seed for job in batch],
-        progress=not getattr(args, "no_progress", False),
-        checkpoints=checkpoints,
-        checkpoint_every=every,
-        vmap=vmap,
-        checkpoint_seconds=every_s,
-        deadline=deadline,
-      )
-    finally:
-      for c in checkpoints:
-        c.close()
-    for job, record, ckpt in zip(batch, results, checkpoints):
+  def train(batch: list, checkpoints: list) -> list:
+    """Trains ``batch`` (jobs of one arm, checkpointed at the same epoch)."""
+    records = training.train_seeds(
+      config,
+      batch[0].arm,
+      [job.seed for job in batch],
+      progress=not getattr(args, "no_progress", False),
+      checkpoints=checkpoints,
+      checkpoint_every=every,
+      vmap=vmap,
+      checkpoint_seconds=getattr(args, "checkpoint_seconds", None) or 0.0,
+      deadline=deadline,
+    )
+    for job, record in zip(batch, records):
       record["config"].update(preset=args.preset, stabilize=bool(args.stabilize), setting=setting)
       record["run_id"] = store.digest(job.identity)
       record["command"] = run_command(config, job.arm, job.seed, args.preset, args.stabilize, out)
       record["code"] = store.code_version()
-      try:
-        store.write_json(job.path, record)
-      except OSError as e:
-        raise CommandError(f"cannot write {job.path} ({e.strerror or e}).") from None
-      ckpt.close()
-      _remove_checkpoint(job)  # the result is written: the training state is not needed
-      records[(job.arm, job.seed)] = record
+    return records
 
-  def train_claimed(claimed: list) -> None:
-    """Trains ``claimed`` in batches of seeds checkpointed at the same epoch."""
-    by_epoch: dict = {}
-    for job in claimed:
-      at = _checkpoint_epoch(job)
-      by_epoch.setdefault(-1 if at is None else at, []).append(job)
-    for batch in by_epoch.values():
-      out_of_time()
-      try:
-        train_batch(batch)
-      except DamagedCheckpoint as e:  # unreadable when restored: aside, then again
-        damaged = next(j for j in batch if Checkpoints(j.ckpt_path).directory == e.directory)
-        set_aside(Checkpoints(damaged.ckpt_path), e, "stiefax grok")
-        train_claimed(batch)
-
-  try:
-    while len(records) < len(todo):
-      before = len(records)
-      for arm in arms:
-        pending = [j for j in todo if j.arm == arm and (j.arm, j.seed) not in records]
-        for candidates in [pending] if vmap else [[j] for j in pending]:
-          locks: list = []
-          try:
-            claimed = [job for job in candidates if claim(job, locks)]
-            train_claimed(claimed)
-          finally:
-            for lock in locks:
-              lock.release()
-      if len(records) < len(todo) and len(records) == before:
-        out_of_time()
-        time.sleep(2.0)  # every remaining run is held by another process
-  except OutOfTime:
-    return _left_at_the_time_limit(todo, records, limit)
-  ordered = [records[(j.arm, j.seed)] for j in todo]
+  outcome = jobs.run_jobs(
+    todo,
+    train,
+    no_wait=getattr(args, "no_wait", False),
+    force=getattr(args, "force", False),
+    together=(lambda job: job.arm) if vmap else None,
+    time_limit=limit,
+    started=started,
+    clock=time.monotonic,
+  )
+  if outcome.status:
+    return outcome.status
+  by_path = {job.path: record for job, record in zip(todo, outcome.records)}
+  ordered = [by_path[job.path] for seed in seeds for job in todo if job.seed == seed]
   print(summary_table(ordered))
   print()
   print(summary_words(ordered))

@@ -28,10 +28,11 @@ docs/lm.md, ``studies/lm.sh`` runs it; large is study 2's larger model):
 {presets}
 
 Each run is one JSON in --out, named by its arm, rate and a hash of its whole
-configuration; finished runs are skipped, unfinished ones resume from their
-checkpoint, and several processes can share one --out. ``stiefax report OUT`` prints
-the learning-rate sensitivity table, the largest logits, the best-rate comparison with
-paired intervals, and writes the figures.
+configuration; finished runs are skipped (--force trains them again, the earlier file
+moved aside), unfinished ones resume from their checkpoint, and several processes can
+share one --out (--no-wait leaves the runs another holds to it: exit status 75).
+``stiefax report OUT`` prints the learning-rate sensitivity table, the largest logits,
+the best-rate comparison with paired intervals, and writes the figures.
 
 Examples:
   stiefax lm
@@ -46,8 +47,7 @@ import argparse
 import dataclasses
 import math
 import pathlib
-import sys
-import time
+from typing import Any
 from typing import Optional
 
 from stiefax.experiments import flags
@@ -213,8 +213,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     help="steps between checkpoints of an unfinished run (a multiple of --eval-every"
     " is used; 0: only on Ctrl-C/SIGTERM; default 500)",
   )
-  parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-  parser.add_argument("--no-wait", action="store_true", help=jobs.NO_WAIT_HELP)
+  jobs.add_arguments(parser)
 
 
 def _rates(text: str, flag: str = "--lr") -> list[float]:
@@ -280,6 +279,10 @@ class Job(jobs.Job):
 
   command = "stiefax lm"
 
+  @property
+  def label(self) -> str:
+    return self.path.name
+
   def same(self, record: dict) -> bool:
     key = runs_lib.run_key({"arm": self.arm, "config": self.cfg, "seed": self.seed})
     return runs_lib.run_key(record) == key
@@ -288,12 +291,10 @@ class Job(jobs.Job):
 def run(args: argparse.Namespace) -> int:
   """``stiefax lm``: trains the runs ``args`` ask for, then prints their summary.
 
-  Every (arm, rate, seed) is one JSON file in ``--out`` (:mod:`stiefax.experiments.store`:
-  written atomically, never overwritten); a finished run is read back, not trained
-  again. A run is claimed by a lock (``<run>.lock``), so several processes can share one
-  ``--out``: each trains the runs no other process holds, then waits for the others'.
-  An unfinished run keeps an Orbax checkpoint in ``<run>.ckpt`` (every
-  ``--checkpoint-every`` steps and on Ctrl-C or SIGTERM); the same command resumes it.
+  Every (arm, rate, seed) is one job of the run loop
+  (:func:`stiefax.experiments.jobs.run_jobs`): one JSON file in ``--out``, finished runs
+  read back, locks, checkpoints (every ``--checkpoint-every`` steps and on Ctrl-C or
+  SIGTERM), ``--no-wait``, ``--force``; ``--reuse`` copies a finished run in first.
   """
   for flag, given in (
     ("--out", args.out),
@@ -393,44 +394,18 @@ def run(args: argparse.Namespace) -> int:
     flush=True,
   )
   every = jobs.checkpoint_interval(args.checkpoint_every, config.eval_every)
-  records: dict = {}
-  told: set = set()
-  while len(records) < len(todo):
-    before = len(records)
-    for job in todo:
-      if job.path.name in records:
-        continue
-      done = job.finished()
-      if done is not None:
-        records[job.path.name] = done
-        continue
-      lock = store.RunLock(job.lock_path)
-      if not lock.acquire():
-        if job.path.name not in told:
-          print(f"  {job.path.name}: being trained by {lock.held_by()}; waiting", flush=True)
-          told.add(job.path.name)
-        continue
-      try:
-        done = job.finished(repair=True)
-        if done is None and reuse is not None:
-          done = _reuse(job, reuse)
-        if done is None:
-          done = _train(job, every, out, progress=not args.no_progress)
-        records[job.path.name] = done
-        if job.ckpt_path.is_dir() and not job.ckpt_path.is_symlink():
-          from stiefax.experiments.checkpoints import Checkpoints  # JAX: after --help
-
-          Checkpoints(job.ckpt_path).remove()  # the result is written
-      finally:
-        lock.release()
-    if len(records) < len(todo) and len(records) == before:
-      if args.no_wait:  # every run left is held by another process
-        return jobs.leave_held(len(todo) - len(records))
-      time.sleep(2.0)
-  ordered = [records[j.path.name] for j in todo]
+  outcome = jobs.run_jobs(
+    todo,
+    lambda batch, ckpts: [_train(batch[0], ckpts[0], every, out, not args.no_progress)],
+    no_wait=args.no_wait,
+    force=args.force,
+    take=None if reuse is None else (lambda job: _reuse(job, reuse)),
+  )
+  if outcome.status:
+    return outcome.status
   print()
-  print(tables.summary(ordered))
-  print(f"{len(ordered)} run(s) in {out}; tables and plots: stiefax report {out}")
+  print(tables.summary(outcome.records))
+  print(f"{len(outcome.records)} run(s) in {out}; tables and plots: stiefax report {out}")
   return 0
 
 
@@ -451,37 +426,24 @@ def _reuse(job: Job, source: pathlib.Path) -> Optional[dict]:
   return found
 
 
-def _train(job: Job, every: int, out: pathlib.Path, progress: bool) -> dict:
-  # JAX, Orbax and the training code are imported here, not by `stiefax lm --help`.
-  import jax
+def _train(job: Job, ckpt: Any, every: int, out: pathlib.Path, progress: bool) -> dict:
+  """Trains ``job`` from its checkpoint ``ckpt`` (if it has one); its record."""
+  import jax  # JAX and the training code: not imported by `stiefax lm --help`
 
-  from stiefax.experiments.checkpoints import Checkpoints
-  from stiefax.experiments.checkpoints import DamagedCheckpoint
-  from stiefax.experiments.checkpoints import set_aside
   from stiefax.experiments.lm import training
 
-  arm = ARMS[job.arm]
   desc = f"{job.arm} lr={job.config.adamw_lr:g} seed {job.seed}"
   if _own_frame_rate(job.arm) and job.config.frame_lr != LMConfig().frame_lr:
     desc = f"{job.arm} lr={job.config.adamw_lr:g} frame-lr={job.config.frame_lr:g} seed {job.seed}"
-  for attempt in (0, 1):
-    ckpt = Checkpoints(job.ckpt_path)
-    try:
-      result = training.train(
-        arm,
-        job.config,
-        job.seed,
-        progress=progress,
-        checkpoints=ckpt,
-        checkpoint_every=every,
-        desc=desc,
-      )
-      break
-    except DamagedCheckpoint as e:
-      if attempt:
-        raise CommandError(f"checkpoint {ckpt.directory}: {e.reason}") from None
-      set_aside(ckpt, e, "stiefax lm")
-
+  result = training.train(
+    ARMS[job.arm],
+    job.config,
+    job.seed,
+    progress=progress,
+    checkpoints=ckpt,
+    checkpoint_every=every,
+    desc=desc,
+  )
   record = {
     "experiment": "lm",
     "arm": job.arm,
@@ -493,16 +455,11 @@ def _train(job: Job, every: int, out: pathlib.Path, progress: bool) -> dict:
     "jax_version": jax.__version__,
     "backend": jax.default_backend(),
   }
-  try:
-    store.write_json(job.path, record)
-  except OSError as e:
-    raise CommandError(f"cannot write {job.path} ({e.strerror or e}).") from None
   m = record["metrics"]
   print(
     f"  {desc}: val {m['val_bpb']:.4f} test {m['test_bpb']:.4f} bits/byte,"
     f" max logit {m['max_logit_max']:.1f}, isometry {m['isometry']:.1e}"
     f"{' (diverged)' if m['diverged'] else ''}",
-    file=sys.stdout,
     flush=True,
   )
   return record

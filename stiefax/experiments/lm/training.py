@@ -78,7 +78,7 @@ class Programs:
 
 
 @functools.lru_cache(maxsize=16)
-def programs(arm: Arm, config: LMConfig) -> Programs:
+def programs(config: LMConfig, arm: Arm) -> Programs:
   """The model, optimizer and jitted programs of ``arm`` at ``config``."""
   model = DecoderLM(config.model, arm.attention, arm.temperature, arm.qk_input, arm.frame_gain)
   tx = optim.make_optimizer(arm, hyper(arm, config))
@@ -207,12 +207,12 @@ def _throughput(hist: dict, config: LMConfig) -> Optional[float]:
   return float(steps[1:].sum() * config.batch * config.seq / sec) if sec > 0 else None
 
 
-def init_params(arm: Arm, config: LMConfig, seed: int) -> Any:
+def init_params(config: LMConfig, arm: Arm, seed: int) -> Any:
   """The seed's init; the frames snapped onto St(d, r) (polar factor) for Stiefel arms.
 
   Every non-frame parameter depends on the seed only (shared by every arm and rate).
   """
-  variables = programs(arm, config).init(jax.random.key(seed))
+  variables = programs(config, arm).init(jax.random.key(seed))
   if arm.orthonormal:
     params = stiefax.flax.project_params(
       {"params": variables["params"]}, frames=stiefax.layouts.qk_frames()
@@ -312,14 +312,14 @@ def train(
   """
   start = time.perf_counter()
   corpus = data_lib.load()
-  progs = programs(arm, config)
+  progs = programs(config, arm)
   val = data_lib.windows(corpus.val, config.seq, config.val_windows)
   probe_x = jnp.asarray(val[: config.probe_windows])
   train_data = jnp.asarray(corpus.train)
   positions = data_lib.train_positions(
     corpus.train.size, config.seq, config.steps, config.batch, seed
   )
-  variables = init_params(arm, config, seed)
+  variables = init_params(config, arm, seed)
   opt_state = progs.opt_init(variables)
   hist: dict[str, list] = {k: [] for k in _HISTORY}
   lr = schedule(config, config.adamw_lr)

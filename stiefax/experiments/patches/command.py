@@ -47,10 +47,12 @@ Arms (``--arms``, or ``all`` for the paper's eight above the blank line):
 Protocols: ``run`` (default; ``--seeds`` paired, ``--select-lr`` first picks each
 arm's rate on the validation images [n_train : n_train + n_val]), ``sweep-n``
 (``--ns`` at about ``--budget`` 2000 steps per run, paper Table 3), ``sweep-eps``
-(``--eps-values`` for B2, Section 4.7). One JSON file per run goes to ``--out``;
-``stiefax report DIR`` (or the table printed at the end) gives per-arm mean +- std,
-the paired difference to A2 (t, p, wins, paired-t and bootstrap 95% CIs),
-isometry error and wall-clock per epoch.
+(``--eps-values`` for B2, Section 4.7). One JSON file per run goes to ``--out``: a
+finished run is read back (``--force`` trains it again, the earlier file moved aside),
+several processes can share one ``--out`` (``--no-wait`` leaves the runs another holds
+to it: exit status 75); ``stiefax report DIR`` (or the table printed at the end) gives
+per-arm mean +- std, the paired difference to A2 (t, p, wins, paired-t and bootstrap
+95% CIs), isometry error and wall-clock per epoch.
 """
 
 from __future__ import annotations
@@ -184,13 +186,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     default=0,
     help="also record accuracy every k epochs (default: final epoch only)",
   )
-  g.add_argument(
-    "--force",
-    action="store_true",
-    help="rerun runs whose JSON already exists with the same configuration",
-  )
-  g.add_argument("--no-progress", action="store_true", help="no progress bars")
-  g.add_argument("--no-wait", action="store_true", help=jobs.NO_WAIT_HELP)
+  jobs.add_arguments(g)
 
 
 def _positive(value: Optional[float], flag: str, allow_zero: bool = False) -> None:
@@ -290,8 +286,9 @@ def _cache_dir(args: argparse.Namespace) -> Optional[pathlib.Path]:
 def run(args: argparse.Namespace) -> int:
   """``stiefax patches``: trains what ``args`` ask for, prints the report.
 
-  It checks the arguments, loads the images and runs the protocol asked for
-  (:mod:`stiefax.experiments.patches.protocols`), then prints the report.
+  It checks the arguments, loads the images, hands the runs of the protocol asked for
+  (:mod:`stiefax.experiments.patches.protocols`) to the run loop
+  (:func:`stiefax.experiments.jobs.run_jobs`), then prints the report.
   """
   # The images and training code (scikit-learn, JAX) are imported here, not by --help.
   from stiefax.experiments.patches import images as images_lib
@@ -312,19 +309,11 @@ def run(args: argparse.Namespace) -> int:
   out = writable_dir(out_path, "--out")
   ctx = protocols.Context(args, images, out, cache, progress, defaults(args))
   t0 = time.perf_counter()
-  protocol = protocols.PROTOCOL_FNS[args.protocol]
-  ctx.defer_held = True
-  done = protocol(ctx, arms, seeds)
-  if ctx.deferred and args.no_wait:
-    print()
-    return jobs.leave_held(len(ctx.deferred))
-  if ctx.deferred:
-    print(
-      f"\nsecond pass: {len(ctx.deferred)} run(s) were held by other processes; waiting for them",
-      flush=True,
-    )
-    ctx.defer_held, ctx.deferred = False, []
-    done = protocol(ctx, arms, seeds)
+  plan = protocols.PROTOCOL_FNS[args.protocol](ctx, arms, seeds)
+  outcome = jobs.run_jobs(plan, protocols.trainer(ctx), no_wait=args.no_wait, force=args.force)
+  if outcome.status:
+    return outcome.status
+  done = outcome.records
   print(f"\n{len(done)} runs in {time.perf_counter() - t0:.1f} s; results in {ctx.out}\n")
   print(tables.report(done, ctx.out))
   return 0

@@ -1,14 +1,12 @@
 """The protocols of ``stiefax patches``: run (with ``--select-lr``), sweep-n, sweep-eps.
 
-Each protocol (:data:`PROTOCOL_FNS`) trains the runs it is asked for in a
-:class:`Context` that :func:`stiefax.experiments.patches.command.run` builds.
-
-Every run is one JSON file in ``--out`` (:mod:`stiefax.experiments.store`: written
-atomically, never overwritten); a run whose file holds the same configuration is not
-trained again, and a lock on ``<run>.lock`` lets several processes share one ``--out``.
-A command runs its protocol in two passes: the first trains every run no other process
-holds and passes over the held ones; the second, only if the first passed over some,
-waits for each of those and reads its result (or trains it, if its holder stopped).
+Each protocol (:data:`PROTOCOL_FNS`) gives the runs it is asked for, in a
+:class:`Context` that :func:`stiefax.experiments.patches.command.run` builds, as
+:class:`Job` s for the run loop (:func:`stiefax.experiments.jobs.run_jobs`), which
+:func:`trainer` trains: one JSON file per run in ``--out``, a finished run read back,
+locks, ``--no-wait``, ``--force``, as in every command. ``run --select-lr`` gives a plan
+(a function of the runs so far): an arm's final runs join it once its selection runs
+are in, so a selection held by another process holds back only its own arm.
 """
 
 from __future__ import annotations
@@ -16,21 +14,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import pathlib
-import sys
 from typing import Any
-from typing import Callable
 from typing import Optional
 from typing import Sequence
 
 import numpy as np
 
 from stiefax.experiments import flags
+from stiefax.experiments import jobs
 from stiefax.experiments import store
 from stiefax.experiments.arms import Arm
 from stiefax.experiments.flags import CommandError
-from stiefax.experiments.flags import os_error
 from stiefax.experiments.patches import data as data_lib
 from stiefax.experiments.patches import images as images_lib
 from stiefax.experiments.patches import runs
@@ -41,9 +36,8 @@ from stiefax.experiments.patches.config import arm_by_name
 from stiefax.experiments.patches.config import arm_hparams
 from stiefax.experiments.patches.training import Trainer
 from stiefax.experiments.patches.training import train
-from stiefax.experiments.protocol import record_problem
 
-__all__ = ["Context", "PROTOCOL_FNS", "arm_map", "make_setting"]
+__all__ = ["Context", "Job", "PROTOCOL_FNS", "arm_map", "make_setting", "trainer"]
 
 
 @dataclasses.dataclass
@@ -56,12 +50,6 @@ class Context:
   cache: Optional[pathlib.Path]
   progress: bool
   defaults: dict
-  # First pass: runs held by another process are passed over (their names go to
-  # ``deferred``); second pass: they are waited for. ``done`` holds every run this
-  # command has trained or read, by file name, so the second pass never repeats one.
-  defer_held: bool = False
-  deferred: list = dataclasses.field(default_factory=list)
-  done: dict = dataclasses.field(default_factory=dict)
 
 
 def arm_map(text: Optional[str], flag: str, sep: str = ",") -> dict:
@@ -149,17 +137,34 @@ def _config(
   )
 
 
-def _finished(ctx: Context, path: pathlib.Path, cfg: dict) -> Optional[dict]:
-  """The run at ``path`` if it is this configuration (and ``--force`` is not given)."""
-  if ctx.args.force:
-    return None
-  ident = runs.run_identity(cfg)
-  same = lambda old: runs.run_identity(old["config"]) == ident
-  done, _ = store.finished_run(path, same, lambda r: record_problem(r, EXPERIMENT))
-  return done
+@dataclasses.dataclass(eq=False)
+class Spec:
+  """What the seeds of one (protocol, arm, setting, knob) share: one trainer, one data."""
+
+  protocol: str
+  arm: Arm
+  setting: Setting
+  hp: dict
+  cfg: dict
+  data: data_lib.PatchData
+  eval_split: str
 
 
-def _execute(
+@dataclasses.dataclass
+class Job(jobs.Job):
+  """One run of ``stiefax patches`` (a protocol, an arm, a setting, a seed)."""
+
+  spec: Optional[Spec] = None
+
+  command = "stiefax patches"
+  checkpointed = False  # a run is minutes: trained again from the start if stopped
+
+  def same(self, record: dict) -> bool:
+    assert self.spec is not None
+    return runs.run_identity(record["config"]) == runs.run_identity(self.spec.cfg)
+
+
+def _jobs(
   ctx: Context,
   protocol: str,
   arm: Arm,
@@ -168,142 +173,85 @@ def _execute(
   data: data_lib.PatchData,
   seeds: Sequence[int],
   eval_split: str = "test",
-) -> list[dict]:
-  """Runs ``arm`` over ``seeds`` (skipping finished runs), writing one JSON per run."""
+) -> list[Job]:
+  """The runs of ``arm`` over ``seeds``, one JSON each (one :class:`Spec`)."""
   hp = arm_hparams(arm, setting, knob)
   cfg = _config(ctx, protocol, arm, setting, hp, data, eval_split)
-  results = []
-  trainer: Optional[Trainer] = None
-  for seed in seeds:
-    path = ctx.out / runs.run_name(protocol, arm.name, cfg, seed)
-    done = ctx.done.get(path.name) or _finished(ctx, path, cfg)
-    if done is not None:
-      ctx.done[path.name] = done
-      results.append(done)
-      continue
-    lock = store.RunLock(path.with_suffix(".lock"))
+  spec = Spec(protocol, arm, setting, hp, cfg, data, eval_split)
+  name = lambda seed: ctx.out / runs.run_name(protocol, arm.name, cfg, seed)
+  return [Job(arm.name, int(seed), name(seed), spec=spec) for seed in seeds]
 
-    def held(then: str, lock: store.RunLock = lock, seed: int = seed) -> None:
-      print(f"  {arm.name} seed {seed}: being trained by {lock.held_by()}; {then}", flush=True)
 
-    def waiting(_holder: dict, held: Callable[[str], None] = held) -> None:
-      held("waiting for it")
+def trainer(ctx: Context) -> jobs.Train:
+  """The run loop's ``train`` of ``stiefax patches``: one run at a time, the jitted
+  trainer of a :class:`Spec` built once and shared by its seeds."""
+  last: dict = {}
 
-    if ctx.defer_held and not _acquire(lock):
-      held("coming back to it after the other runs")
-      ctx.deferred.append(path.name)
-      continue
-    with _claim(lock, waiting):
-      done = _finished(ctx, path, cfg)  # finished by another process meanwhile?
-      if done is not None:
-        ctx.done[path.name] = done
-        results.append(done)
-        continue
-      if trainer is None:
-        trainer = Trainer(arm, setting, hp, data.train_x.shape[1], data.num_classes)
-      out = train(
-        trainer,
-        data,
-        seed,
-        eval_split=eval_split,
-        eval_every=ctx.args.eval_every,
-        progress=ctx.progress,
-        desc=f"{arm.name} n={setting.n_train} seed={seed}",
-      )
-      rec = {
-        "experiment": EXPERIMENT,
-        "arm": arm.name,
-        "seed": int(seed),
-        "config": cfg,
-        "command": runs.run_command(protocol, arm.name, cfg, seed, str(ctx.out)),
-        "code": store.code_version(),
-        **out,
-      }
-      _write(path, rec)
-      ctx.done[path.name] = rec
+  def train_one(batch: list, checkpoints: list) -> list:
+    del checkpoints  # a patches run keeps none
+    (job,) = batch
+    s = job.spec
+    if last.get("spec") is not s:
+      last.clear()  # one trainer held at a time: the jobs of a spec come together
+      last.update(spec=s, trainer=Trainer(s.arm, s.setting, s.hp, *_shape(s.data)))
+    out = train(
+      last["trainer"],
+      s.data,
+      job.seed,
+      eval_split=s.eval_split,
+      eval_every=ctx.args.eval_every,
+      progress=ctx.progress,
+      desc=f"{job.arm} n={s.setting.n_train} seed={job.seed}",
+    )
+    rec = {
+      "experiment": EXPERIMENT,
+      "arm": job.arm,
+      "seed": job.seed,
+      "config": s.cfg,
+      "command": runs.run_command(s.protocol, job.arm, s.cfg, job.seed, str(ctx.out)),
+      "code": store.code_version(),
+      **out,
+    }
     m = rec["metrics"]
-    acc = m.get(f"{eval_split}_acc")
     print(
-      f"  {arm.name:<11} seed {seed:<3} {eval_split} acc {100 * acc:6.2f}%  "
-      f"isometry {m['isometry']:.1e}  {m['wall_per_epoch']:.2f} s/epoch",
+      f"  {job.arm:<11} seed {job.seed:<3} {s.eval_split} acc"
+      f" {100 * m[f'{s.eval_split}_acc']:6.2f}%  isometry {m['isometry']:.1e} "
+      f" {m['wall_per_epoch']:.2f} s/epoch",
       flush=True,
     )
-    results.append(rec)
-  return results
+    return [rec]
+
+  return train_one
 
 
-def _acquire(lock: store.RunLock) -> bool:
-  try:
-    return lock.acquire()
-  except OSError as e:
-    raise CommandError(f"cannot lock the run: {os_error(e)}.") from None
+def _shape(data: data_lib.PatchData) -> tuple[int, int]:
+  return data.train_x.shape[1], data.num_classes
 
 
-def _claim(lock: store.RunLock, waiting: Callable[[dict], None]) -> store.RunLock:
-  try:
-    return store.claim(lock, on_wait=waiting)
-  except OSError as e:
-    raise CommandError(f"cannot lock the run: {os_error(e)}.") from None
-
-
-def _write(path: pathlib.Path, rec: dict) -> None:
-  """Writes a run; a file already there (``--force``, or damaged) is moved aside first."""
-  if os.path.lexists(path):
-    aside = store.move_aside(path, "replaced")
-    print(f"stiefax patches: moved the earlier {path.name} to {aside.name}", file=sys.stderr)
-  try:
-    store.write_json(path, rec)
-  except OSError as e:
-    raise CommandError(f"cannot write {path} ({e.strerror or e}).") from None
-
-
-def _select(
-  ctx: Context, arms: Sequence[Arm], setting: Setting, data: data_lib.PatchData, grids: dict
-) -> tuple[dict, list]:
-  """``--select-lr``: the knob with the best mean validation accuracy, per arm.
-
-  Returns ``({arm: knob}, selection runs)``. An arm with a selection run passed over
-  (held by another process, in the first pass) has no choice yet and is left out.
-  """
-  seeds = flags.ints(ctx.args.select_seeds, "--select-seeds")
-  chosen: dict = {}
-  runs_: list = []
-  for arm in arms:
-    grid = grids.get(arm.name, arm.grid)
-    best: Optional[tuple[float, float]] = None
-    held = len(ctx.deferred)
-    per_knob = []
-    for knob in grid:
-      res = _execute(ctx, "select-lr", arm, setting, knob, data, seeds, eval_split="val")
-      runs_ += res
-      per_knob.append((knob, res))
-    if len(ctx.deferred) > held:
-      print(f"selection for {arm.name}: waits for runs held by other processes", flush=True)
-      continue
-    for knob, res in per_knob:
-      acc = float(np.mean([r["metrics"]["val_acc"] for r in res]))
-      if best is None or acc > best[1]:
-        best = (knob, acc)
-    assert best is not None  # every grid has a value
-    chosen[arm.name] = best[0]
-    print(
-      f"selected {arm.name}: {best[0]:g} (validation accuracy {100 * best[1]:.2f}%)", flush=True
-    )
-  return chosen, runs_
+def _best(per_knob: list, records: dict) -> Optional[tuple[float, float]]:
+  """The knob with the best mean validation accuracy over its runs, and that accuracy;
+  None while a run of the selection is not in ``records``."""
+  best: Optional[tuple[float, float]] = None
+  for knob, todo in per_knob:
+    if any(job.path not in records for job in todo):
+      return None
+    acc = float(np.mean([records[job.path]["metrics"]["val_acc"] for job in todo]))
+    if best is None or acc > best[1]:
+      best = (knob, acc)
+  return best
 
 
 def _knobs(ctx: Context) -> dict:
   return {k: flags.knob(v, "--lr") for k, v in arm_map(ctx.args.lr, "--lr").items()}
 
 
-def _protocol_run(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int]) -> list[dict]:
+def _protocol_run(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int]) -> jobs.Plan:
   a, dflt = ctx.args, ctx.defaults
   n_train = dflt["n_train"]
   epochs = a.epochs or (100 if n_train >= 50_000 else 40)
   knobs = _knobs(ctx)
   setting = make_setting(a, dflt, n_train, epochs)
-  out: list[dict] = []
-  undecided: set = set()
+  selections: dict = {}  # --select-lr: arm -> [(knob, its selection runs)]
   if a.select_lr:
     pool = ctx.images.train_x.shape[0]
     n_val = a.n_val if a.n_val is not None else min(5000, pool - n_train)
@@ -312,15 +260,18 @@ def _protocol_run(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int]) -> li
         f"--select-lr needs validation images after the first {n_train}:"
         f" the pool has {pool}; lower --n-train or set --n-val"
       )
-    data = _data(ctx, n_train, n_val)
+    val_data = _data(ctx, n_train, n_val)
     grids = {
       k: [flags.knob(x, "--grid") for x in v.split(":")]
       for k, v in arm_map(a.grid, "--grid").items()
     }
-    selected = [arm for arm in arms if arm.name != "frozen"]
-    chosen, out = _select(ctx, selected, setting, data, grids)
-    knobs.update(chosen)
-    undecided = {arm.name for arm in selected} - set(chosen)
+    seeds_ = flags.ints(a.select_seeds, "--select-seeds")
+    for arm in arms:
+      if arm.name != "frozen":
+        selections[arm.name] = [
+          (k, _jobs(ctx, "select-lr", arm, setting, k, val_data, seeds_, eval_split="val"))
+          for k in grids.get(arm.name, arm.grid)
+        ]
   # The runs hold no validation slice: the training images and the whitening fit do not
   # depend on it, so a run at a selected rate has the same configuration (and pairs in
   # the report) with a run given that rate by --lr.
@@ -331,20 +282,40 @@ def _protocol_run(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int]) -> li
     f" {','.join(x.name for x in arms)}, seeds {','.join(map(str, seeds))}",
     flush=True,
   )
-  for arm in arms:
-    if arm.name in undecided:
-      continue  # its selection waits for another process: trained in the second pass
-    out += _execute(ctx, "run", arm, setting, knobs.get(arm.name), data, seeds)
-  return out
+  final = {
+    arm.name: _jobs(ctx, "run", arm, setting, knobs.get(arm.name), data, seeds)
+    for arm in arms
+    if arm.name not in selections
+  }
+  if not selections:
+    return [job for arm in arms for job in final[arm.name]]
+
+  def plan(records: dict) -> list:
+    """The selection runs, then each arm's runs once its rate is chosen."""
+    todo = [job for per_knob in selections.values() for _, some in per_knob for job in some]
+    for arm in arms:
+      if arm.name not in final:
+        best = _best(selections[arm.name], records)
+        if best is None:
+          continue  # its selection runs are not all in yet
+        print(
+          f"selected {arm.name}: {best[0]:g} (validation accuracy {100 * best[1]:.2f}%)",
+          flush=True,
+        )
+        final[arm.name] = _jobs(ctx, "run", arm, setting, best[0], data, seeds)
+      todo += final[arm.name]
+    return todo
+
+  return plan
 
 
-def _protocol_sweep_n(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int]) -> list[dict]:
+def _protocol_sweep_n(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int]) -> jobs.Plan:
   a = ctx.args
   if a.epochs is not None:
     raise CommandError("sweep-n sets the epochs from --budget (steps per run); drop --epochs")
   ns = flags.ints(a.ns, "--ns") if a.ns else ctx.defaults["ns"]
   knobs = _knobs(ctx)
-  out: list[dict] = []
+  todo: list[Job] = []
   for n in ns:
     spe = math.ceil(n / a.batch_size)
     epochs = max(1, a.budget // spe)
@@ -352,11 +323,11 @@ def _protocol_sweep_n(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int]) -
     data = _data(ctx, n, 0)
     print(f"sweep-n: n={n}, {epochs} epochs x {spe} steps = {epochs * spe} steps", flush=True)
     for arm in arms:
-      out += _execute(ctx, "sweep-n", arm, setting, knobs.get(arm.name), data, seeds)
-  return out
+      todo += _jobs(ctx, "sweep-n", arm, setting, knobs.get(arm.name), data, seeds)
+  return todo
 
 
-def _protocol_sweep_eps(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int]) -> list[dict]:
+def _protocol_sweep_eps(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int]) -> jobs.Plan:
   a = ctx.args
   bad = [arm.name for arm in arms if arm.name not in ADAM_ARMS]
   if bad:
@@ -371,13 +342,12 @@ def _protocol_sweep_eps(ctx: Context, arms: Sequence[Arm], seeds: Sequence[int])
   epochs = a.epochs or (100 if n_train >= 50_000 else 40)
   knobs = _knobs(ctx)
   data = _data(ctx, n_train, 0)
-  out: list[dict] = []
+  todo: list[Job] = []
   for eps in values:
     setting = make_setting(a, ctx.defaults, n_train, epochs, eps=eps)
-    print(f"sweep-eps: eps={eps:g}", flush=True)
     for arm in arms:
-      out += _execute(ctx, "sweep-eps", arm, setting, knobs.get(arm.name), data, seeds)
-  return out
+      todo += _jobs(ctx, "sweep-eps", arm, setting, knobs.get(arm.name), data, seeds)
+  return todo
 
 
 PROTOCOL_FNS: dict[str, Any] = {

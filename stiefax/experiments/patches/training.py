@@ -33,7 +33,17 @@ from stiefax.experiments.patches.config import hyper
 from stiefax.experiments.patches.config import learning_rates
 from stiefax.experiments.progress import progress_bar
 
-__all__ = ["EpochStats", "Trainer", "train", "Programs", "programs", "init_params"]
+__all__ = [
+  "EpochStats",
+  "Trainer",
+  "train",
+  "Programs",
+  "ModelConfig",
+  "model_programs",
+  "programs",
+  "init_model",
+  "init_params",
+]
 
 #: Per-step outputs of :meth:`Trainer.epoch`, each of shape ``(steps,)``.
 EpochStats = tuple[Any, Any, Any, Any, Any, Any]
@@ -57,7 +67,7 @@ class Trainer:
   def __init__(self, arm: Arm, setting: Setting, hp: dict, tokens: int, num_classes: int):
     self.arm, self.setting, self.hp = arm, setting, hp
     self.tokens, self.num_classes = tokens, num_classes
-    progs = programs(setting, tokens, num_classes, arm.attention)
+    progs = model_programs(setting, tokens, num_classes, arm.attention)
     self.model = progs.model
     self.tx = optim.make_optimizer(arm, hyper(setting, hp))
     abstract = jax.eval_shape(
@@ -129,8 +139,8 @@ class Trainer:
     return epoch
 
   def init(self, seed: int) -> tuple[Any, Any]:
-    """``(params, opt_state)`` of ``seed`` (see :func:`init_params`)."""
-    params = init_params(self.model, self.arm, seed, self.tokens, self.setting.d, self._model_init)
+    """``(params, opt_state)`` of ``seed`` (see :func:`init_model`)."""
+    params = init_model(self.model, self.arm, seed, self.tokens, self.setting.d, self._model_init)
     return params, self._tx_init(params)
 
   def epoch(
@@ -306,7 +316,9 @@ class Programs(NamedTuple):
   predict: Any
 
 
-def programs(setting: Setting, tokens: int, num_classes: int, attention: str = "plain") -> Programs:
+def model_programs(
+  setting: Setting, tokens: int, num_classes: int, attention: str = "plain"
+) -> Programs:
   """The model of this shape with its jitted init and predict, shared by the arms.
 
   ``attention``: the arm's attention variant (:mod:`stiefax.experiments.attention`).
@@ -323,7 +335,7 @@ def _programs(model: nn.Module) -> Programs:
   return Programs(model, jax.jit(model.init), jax.jit(predict))
 
 
-def init_params(
+def init_model(
   model: nn.Module, arm: Arm, seed: int, tokens: int, d: int, model_init: Optional[Any] = None
 ) -> Any:
   """Seeded init: non-frame parameters depend on the seed only; frames per the arm.
@@ -341,3 +353,25 @@ def init_params(
       leaves[i] = init(jax.random.fold_in(k_frames, j), leaves[i].shape, leaves[i].dtype)
     params = jax.tree.unflatten(treedef, leaves)
   return params
+
+
+class ModelConfig(NamedTuple):
+  """A model of the benchmark: a :class:`Setting` with the data's token count and
+  classes (the ``config`` of :mod:`stiefax.experiments.protocol`'s pieces)."""
+
+  setting: Setting
+  tokens: int
+  num_classes: int
+
+
+def programs(config: ModelConfig, arm: Arm) -> Programs:
+  """The model of ``config`` with ``arm``'s attention, its jitted init and predict
+  (:func:`model_programs`; the same object for the same model)."""
+  return model_programs(config.setting, config.tokens, config.num_classes, arm.attention)
+
+
+def init_params(config: ModelConfig, arm: Arm, seed: int) -> Any:
+  """``arm``'s starting variables at ``seed`` (:func:`init_model`, with the jitted init
+  that the trainers share)."""
+  progs = programs(config, arm)
+  return init_model(progs.model, arm, seed, config.tokens, config.setting.d, progs.init)
