@@ -70,7 +70,7 @@ def test_arm_names_and_aliases():
   assert setting.steps_per_epoch == 40 and setting.total_steps == 1600
   assert setting.warmup_steps == 200
   assert (
-    patches_config.arm_hparams(patches_config.ARMS["elementwise"], setting, None)["riemannian_lr"]
+    patches_config.arm_hparams(patches_config.ARMS["elementwise"], setting, None)["frame_lr"]
     == 0.03
   )
   assert patches_config.arm_hparams(patches_config.ARMS["A2"], setting, 3e-3)["adamw_lr"] == 3e-3

@@ -126,7 +126,7 @@ def help_text() -> str:
     paper_lr=_number(p.learning_rate),
     paper_wd=p.weight_decay,
     paper_b2=p.b2,
-    paper_rlr=p.riemannian_lr,
+    paper_rlr=p.frame_lr,
     paper_tau=p.tau,
     paper_eps=_number(p.riemannian_eps),
     paper_seeds=",".join(map(str, paper["seeds"])),
@@ -253,7 +253,7 @@ def _check_optimizer(config: GrokConfig) -> None:
   """The optimizer settings in the optimizers' own ranges (``CommandError`` if not)."""
   for arg, field in (
     ("learning_rate", "learning_rate"),
-    ("learning_rate", "riemannian_lr"),
+    ("learning_rate", "frame_lr"),
     ("weight_decay", "weight_decay"),
     ("b1", "b1"),
     ("b2", "b2"),

@@ -240,7 +240,7 @@ def _is_around(text: Optional[str]) -> bool:
 
 def _own_frame_rate(arm: str) -> bool:
   """Whether ``--frame-lr`` reaches ``arm``: a frame rule of its own, not frozen."""
-  return ARMS[arm].apart and ARMS[arm].rate != 0.0
+  return ARMS[arm].apart and ARMS[arm].frame_lr != 0.0
 
 
 def resolve_config(args: argparse.Namespace) -> tuple[LMConfig, list[str], list[int]]:

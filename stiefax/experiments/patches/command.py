@@ -26,23 +26,7 @@ frames are drawn from the seed too (identical across the arms that use them).
 
 Arms (``--arms``, or ``all`` for the paper's eight above the blank line):
 
-  A2           AdamW + Xavier on everything (rate --adamw-lr, paper's 1e-2)
-  A2-orth      AdamW, W_Q and W_K initialized orthonormal
-  B2           riemannian_adam(1.0, eps=1e-8, max_norm=0.1) on W_Q, W_K
-  B2-SGD       riemannian_sgd(0.02), Grassmann projector (alias PA16)
-  frozen       the Riemannian arm at rate 0 (frames stay at their init)
-  elementwise  riemannian_adam(0.03, moment="elementwise")
-  grassmann    riemannian_adam(1.0, projector="grassmann")
-  soft         AdamW + lambda * orthogonality_penalty (lambda = --penalty, 0.1)
-
-  B2-mmuon     manifold_muon(0.05) on W_Q, W_K (spectral-norm steepest descent on St)
-  A2-muon      optax.contrib.muon(0.02) on W_Q, W_K (Xavier init, unconstrained)
-  B2-qr        B2 with the sign-fixed QR retraction
-  B2-cayley    B2 with the Cayley retraction
-
-  A2-qknorm    A2 with QK-norm: LayerNorm (no bias, learned scale) on each head's q, k
-  A2-sigma     A2 with sigmaReparam W_Q, W_K: (gamma / sigma(W)) W, one power step a step
-  B2-qknorm    B2 with the same QK-norm
+{arms}
 
 Protocols: ``run`` (default; ``--seeds`` paired, ``--select-lr`` first picks each
 arm's rate on the validation images [n_train : n_train + n_val]), ``sweep-n``
@@ -76,6 +60,7 @@ from stiefax.experiments.patches.config import OPTIMIZER_ARMS
 from stiefax.experiments.patches.config import PRESETS
 from stiefax.experiments.patches.config import PROTOCOLS
 from stiefax.experiments.patches.config import arm_by_name
+from stiefax.experiments.patches.config import arm_help
 
 __all__ = ["add_arguments", "validate", "defaults", "select_arms", "run"]
 
@@ -84,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   doc = __doc__ or ""
   parser.description = doc.split("\n\n", 1)[0]
   parser.formatter_class = argparse.RawDescriptionHelpFormatter
-  parser.epilog = doc.split("\n\n", 1)[1]
+  parser.epilog = doc.split("\n\n", 1)[1].replace("{arms}", arm_help())
   add = parser.add_argument
   add(
     "protocol",
