@@ -53,6 +53,8 @@ def test_every_command_offers_the_new_entry(new_arm):
     assert arms.lookup(NAME.lower(), offered) is new_arm
     assert flags.parse_arms(f"A2,{NAME}", offered, ()) == ["A2", NAME]
   assert list(grok_config.ARMS)[:3] == ["A2", "B2", "B2m"]  # each command's order first
+  every = patches_command.select_arms(argparse.Namespace(arms="all", protocol="run"))
+  assert [a.name for a in every] == list(patches_config.PAPER_ARMS)  # named, not in "all"
 
 
 def test_without_the_entry_no_command_offers_it():
@@ -123,10 +125,15 @@ def test_each_command_builds_the_entrys_optimizer(new_arm, hyper):
   tx = optim.make_optimizer(new_arm, h)
   params = _params()
   state = tx.init(params)
-  for _ in range(3):
+
+  @jax.jit
+  def step(params, state):
     grads = jax.tree.map(lambda x: 0.1 * jnp.ones_like(x) + 0.01 * x, params)
     u, state = tx.update(grads, state, params)
-    params = optax.apply_updates(params, u)
+    return optax.apply_updates(params, u), state
+
+  for _ in range(3):
+    params, state = step(params, state)
   assert float(stiefax.diagnostics.isometry_error(params["attn"]["query"]["kernel"])) < 1e-5
   rate = optim.frame_rate(h)
   peak = h.peak_lr

@@ -15,7 +15,7 @@ stiefax finds by name.
 
 Arms (the one registry; every other parameter trains with AdamW, weight decay
 {weight_decay} on matrices, b1 {b1}, b2 {b2}, linear warm-up over the first {warmup}% of
-steps, then cosine to 0, the same schedule on the Riemannian rate).
+steps, then cosine to 0; the frames follow it at frame_lr, stiefel_adamw's rule).
 Added by study 2 of docs/lm.md: {study2}.
 Added by its study 3: {study3}.
 

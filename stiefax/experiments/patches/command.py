@@ -19,7 +19,7 @@ LayerNorm, mean pooling over tokens, classifier ``W_cls``. Xavier-uniform kernel
 Training: batch 256 (the last partial batch of an epoch is kept), AdamW on every
 non-frame parameter (rate ``--adamw-lr``, decay 0.05 on rank >= 2 tensors only, not
 LayerNorm), 5-epoch linear warm-up then cosine to zero
-(``optax.warmup_cosine_decay_schedule``), applied to the Riemannian rate too; plain
+(``optax.warmup_cosine_decay_schedule``), applied to the frame rate frame_lr too; plain
 cross-entropy; test accuracy at the final epoch. The batch order and the initial
 non-frame parameters depend on the seed only (shared across arms); the orthonormal
 frames are drawn from the seed too (identical across the arms that use them).
@@ -55,8 +55,7 @@ from stiefax.experiments.flags import check_seeds
 from stiefax.experiments.flags import writable_dir
 from stiefax.experiments.patches import tables
 from stiefax.experiments.patches.config import ARMS
-from stiefax.experiments.patches.config import LOGIT_ARMS
-from stiefax.experiments.patches.config import OPTIMIZER_ARMS
+from stiefax.experiments.patches.config import PAPER_ARMS
 from stiefax.experiments.patches.config import PRESETS
 from stiefax.experiments.patches.config import PROTOCOLS
 from stiefax.experiments.patches.config import arm_by_name
@@ -137,8 +136,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   g.add_argument(
     "--lr",
     default=None,
-    help="per-arm rate overrides, e.g. B2=1.0,A2=0.003 (the Riemannian rate"
-    " of frame arms; the AdamW rate of A2, A2-orth; lambda of soft)",
+    help="per-arm rate overrides, e.g. B2=1.0,A2=0.003 (the frame rate"
+    " frame_lr of frame arms; the AdamW rate of A2, A2-orth; lambda of soft)",
   )
   g.add_argument("--eps", type=float, default=1e-8, help="Riemannian Adam eps (default 1e-8)")
   g.add_argument("--max-norm", type=float, default=0.1, help="step cap tau (default 0.1)")
@@ -242,7 +241,7 @@ def defaults(args: argparse.Namespace) -> dict:
 def select_arms(args: argparse.Namespace) -> list[Arm]:
   """The arms of ``--arms`` (``all``: the paper's eight; sweep-eps defaults to B2)."""
   if args.arms.strip().lower() == "all":
-    arms = [a for a in ARMS.values() if a.name not in (*OPTIMIZER_ARMS, *LOGIT_ARMS)]
+    arms = [ARMS[n] for n in PAPER_ARMS]
   else:
     names = [t for t in args.arms.split(",") if t.strip()]
     if not names:

@@ -36,19 +36,15 @@ PRESETS: dict[str, dict[str, Any]] = {
   ),
 }
 
+#: The paper's eight arms, ``--arms all``.
+PAPER_ARMS = ("A2", "A2-orth", "B2", "B2-SGD", "frozen", "elementwise", "grassmann", "soft")
+
 #: The arms of ``stiefax patches`` (the registry's entries that name it): the paper's
-#: eight (``--arms all``), then the optimizer-family arms, then any other in registry order.
+#: eight, then the optimizer-family arms, then any other in registry order.
 ARMS = arms.offered(
   "patches",
   (
-    "A2",
-    "A2-orth",
-    "B2",
-    "B2-SGD",
-    "frozen",
-    "elementwise",
-    "grassmann",
-    "soft",
+    *PAPER_ARMS,
     "B2-mmuon",
     "A2-muon",
     "B2-qr",
@@ -67,23 +63,18 @@ LOGIT_ARMS = ("A2-qknorm", "A2-sigma", "B2-qknorm")
 
 
 def arm_help() -> str:
-  """The arms of ``--help``, from the registry: ``--arms all`` (the paper's eight and any
-  arm added since), then the optimizer-family and the logit-control arms, each line the
-  arm's description and its default frame rate ``frame_lr``."""
-  groups = (
-    [n for n in ARMS if n not in (*OPTIMIZER_ARMS, *LOGIT_ARMS)],
-    list(OPTIMIZER_ARMS),
-    list(LOGIT_ARMS),
-  )
+  """The arms of ``--help``, from the registry: ``--arms all`` (the paper's eight), the
+  optimizer-family and the logit-control arms, then any other the registry offers, each
+  line the arm's description and its default frame rate ``frame_lr``."""
+  named = (*PAPER_ARMS, *OPTIMIZER_ARMS, *LOGIT_ARMS)
+  groups = (PAPER_ARMS, OPTIMIZER_ARMS, LOGIT_ARMS, [n for n in ARMS if n not in named])
   width = max(len(name) for name in ARMS) + 2
-  lines = []
-  for group in groups:
-    for name in group:
-      arm = ARMS[name]
-      rate = "" if arm.frame_lr is None else f"; frame_lr {arm.frame_lr:g}"
-      lines.append(f"  {name:<{width}}{arm.description}{rate}")
-    lines.append("")
-  return "\n".join(lines[:-1])
+
+  def line(arm: Arm) -> str:
+    rate = "" if arm.frame_lr is None else f"; frame_lr {arm.frame_lr:g}"
+    return f"  {arm.name:<{width}}{arm.description}{rate}"
+
+  return "\n\n".join("\n".join(line(ARMS[n]) for n in group) for group in groups if group)
 
 
 def contrasts(listed: Sequence[tuple[str, str, str, str]]) -> Sequence:
