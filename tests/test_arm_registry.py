@@ -2,6 +2,7 @@
 offered, described, built, trained and reported by every command that lists arms."""
 
 import argparse
+import dataclasses
 import json
 
 import jax
@@ -11,6 +12,7 @@ import optax
 import pytest
 
 import stiefax
+from stiefax.experiments import arm as arm_lib
 from stiefax.experiments import arms
 from stiefax.experiments import cli
 from stiefax.experiments import flags
@@ -36,7 +38,7 @@ ARM = arms.Arm(
   frame_lr=0.5,
   grid=(0.25, 0.5),
   base="B2",
-  commands=arms.COMMANDS,
+  commands=arm_lib.COMMANDS,
 )
 
 
@@ -184,3 +186,15 @@ def test_every_command_trains_and_reports_the_new_entry(new_arm, tmp_path, capsy
   assert {r["config"]["riemannian_lr"] for r in recs if r["arm"] == NAME} == {0.5}
   assert cli.main(["report", str(patches_out)]) == 0
   assert f"{NAME} - B2" in capsys.readouterr().out  # the contrast with its base
+
+
+def test_a_zero_frame_rate_is_the_constant_zero():
+  """Frozen frames: the rate stiefel_adamw's rule gives is 0 at every step; built as the
+  constant 0.0, so the optimizer state is the one earlier runs' checkpoints hold."""
+  sched = optax.warmup_cosine_decay_schedule(0.0, 1e-2, 2, 10, 0.0)
+  h = optim.Hyper(adamw_lr=sched, frame_lr=0.0, peak_lr=1e-2)
+  assert optim.frame_rate(h) == 0.0
+  frozen = optim.make_optimizer(arms.ARMS["frozen"], h)
+  b2 = optim.make_optimizer(arms.ARMS["B2"], dataclasses.replace(h, frame_lr=1.0))
+  schedules = lambda tx: str(jax.tree.structure(tx.init(_params()))).count("ScaleBySchedule")
+  assert (schedules(frozen), schedules(b2)) == (1, 2)  # AdamW's; AdamW's and the frames'

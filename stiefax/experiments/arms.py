@@ -50,20 +50,11 @@ from typing import Mapping
 from typing import Optional
 from typing import Sequence
 
-from stiefax.experiments.arm import ATTENTION
 from stiefax.experiments.arm import COMMANDS
-from stiefax.experiments.arm import FRAME_RULES
-from stiefax.experiments.arm import MATRIX_RULES
-from stiefax.experiments.arm import QK_INPUTS
 from stiefax.experiments.arm import Arm
 
+# The fields of an entry (Arm) and their choices live in stiefax.experiments.arm.
 __all__ = [
-  "COMMANDS",
-  "FRAME_RULES",
-  "MATRIX_RULES",
-  "ATTENTION",
-  "QK_INPUTS",
-  "Arm",
   "ARMS",
   "ALIASES",
   "offered",

@@ -76,8 +76,10 @@ def decay_mask(params: Any) -> Any:
 
 def frame_rate(h: Hyper) -> Rate:
   """The frames' rate, by the rule of ``stiefax.stiefel_adamw``: ``frame_lr * adamw_lr(t)
-  / peak_lr`` for a schedule, ``frame_lr`` for a float rate (0 where it is 0)."""
-  if not callable(h.adamw_lr):
+  / peak_lr`` for a schedule, ``frame_lr`` for a float rate (0 where it is 0). A zero
+  ``frame_lr`` is the constant 0.0, the same rate, whose transform keeps no schedule
+  state (as the checkpoints of frozen-frame runs hold it)."""
+  if not callable(h.adamw_lr) or h.frame_lr == 0:
     return h.frame_lr if h.adamw_lr != 0 else 0.0
   if h.peak_lr is None or not h.peak_lr > 0:
     raise ValueError(f"Hyper.peak_lr={h.peak_lr!r}: a schedule adamw_lr needs its peak, > 0")
@@ -155,11 +157,19 @@ def _make_optimizer(arm: Arm, h: Hyper) -> optax.GradientTransformation:
     b1=h.b1,
     b2=h.b2,
     eps=h.adamw_eps,
-    stiefel=frame_factory(arm, h),
+    stiefel=_constant_if_zero(frame_factory(arm, h), h.frame_lr),
     stiefel_learning_rate=h.frame_lr,
     peak_learning_rate=h.peak_lr if callable(h.adamw_lr) else None,
     **({} if h.frames is None else {"frames": h.frames}),
   )
+
+
+def _constant_if_zero(factory: Any, frame_lr: float) -> Any:
+  """``factory``, called with the constant 0.0 where ``frame_lr`` is 0 (the rate
+  ``stiefel_adamw`` passes is then 0 at every step): see :func:`frame_rate`."""
+  if frame_lr != 0:
+    return factory
+  return lambda rate, frames=None: factory(0.0, frames=frames)
 
 
 # ----------------------------------------------------------------------------------

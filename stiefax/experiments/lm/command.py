@@ -146,8 +146,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
     "--frame-lr",
     default=None,
-    help="the Riemannian Adam's peak rate(s) for the arms whose frames have their own rule"
-    " (frozen frames stay at 0; the others ignore it), comma-separated, or 'best': the"
+    help="frame_lr, the frames' rate(s) at the AdamW peak, for the arms whose frames have"
+    " their own rule (frozen frames stay at 0; the others ignore it), comma-separated, or"
+    " 'best': the"
     " frame rate of B2's best cell in study 2's grid among the finished runs in --out"
     f" (default: the preset's, {preset_values('frame_lr')})",
   )
