@@ -1,9 +1,11 @@
-"""The query/key layouts: what each parameter is, read from its name.
+"""The readers of parameter names: what each parameter is, read from its name.
 
-The implementation of :mod:`stiefax.layouts` (the label names, the layouts of Flax,
-Gemma, Llama-style and GPT-2-style models, :func:`qk_labels`, :func:`qk_frames` and
-:func:`decay_mask`). It depends only on JAX and :class:`stiefax.FrameSpec`: the
-optimizers, the Flax helpers and the diagnostics import it, never the other way round.
+The implementation of :mod:`stiefax.layouts` (the label names, :func:`path_names`,
+:func:`qk_labels`, :func:`qk_frames`, the hints of a tree without frames and
+:func:`decay_mask`); the layouts they read are the rows of ``LAYOUTS``
+(``stiefax/_layout_table.py``). It depends only on JAX, :class:`stiefax.FrameSpec` and
+that table: the optimizers, the Flax helpers and the diagnostics import it, never the
+other way round.
 """
 
 from __future__ import annotations
@@ -11,22 +13,21 @@ from __future__ import annotations
 import re
 from typing import Any
 from typing import Callable
-from typing import NamedTuple
 from typing import Optional
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 
+from stiefax import _layout_table
 from stiefax._frames import FrameSpec
+from stiefax._layout_table import Layout
+from stiefax._layout_table import layout_of
 
 __all__ = [
   "STIEFEL_LABEL",
   "EUCLIDEAN_LABEL",
   "path_names",
-  "Layout",
-  "LAYOUTS",
-  "layout_of",
   "attention_like",
   "missing_frames_hint",
   "no_frames_message",
@@ -84,131 +85,6 @@ def path_names(path: Sequence[Any]) -> tuple[str, ...]:
   while names and names[-1] in _VARIABLE_ATTRS:
     names.pop()
   return tuple(names)
-
-
-# ----------------------------------------------------------------------------
-# Query/key layouts.
-# ----------------------------------------------------------------------------
-
-# Layouts whose weight holds more than queries and keys (a value slice).
-_PARTIAL = frozenset({("kv_einsum", "w"), ("qkv_einsum", "w"), ("c_attn", "kernel")})
-
-
-class Layout(NamedTuple):
-  """One query/key weight layout that :func:`qk_labels` and ``qk_frames`` know.
-
-  Attributes:
-    module: the module name, the path entry before ``param``.
-    param: the parameter name, the last path entry.
-    family: the model code that stores its weights this way.
-    shape: the weight's shape, in words.
-    rank: the weight's rank.
-    frames: which slices are frames; the rest of the weight is not.
-  """
-
-  module: str
-  param: str
-  family: str
-  shape: str
-  rank: int
-  frames: str
-
-  @property
-  def partial(self) -> bool:
-    """Whether only part of the weight is frames (a fused query/key/value weight)."""
-    return (self.module, self.param) in _PARTIAL
-
-
-LAYOUTS = (
-  Layout(
-    "query",
-    "kernel",
-    "Flax MultiHeadDotProductAttention, nnx MultiHeadAttention",
-    "(d_model, heads, head_dim)",
-    3,
-    "every head",
-  ),
-  Layout(
-    "key",
-    "kernel",
-    "Flax MultiHeadDotProductAttention, nnx MultiHeadAttention",
-    "(d_model, heads, head_dim)",
-    3,
-    "every head",
-  ),
-  Layout(
-    "q_einsum",
-    "w",
-    "Gemma (heads-first einsum weights)",
-    "(heads, d_model, head_dim)",
-    3,
-    "every head",
-  ),
-  Layout(
-    "kv_einsum",
-    "w",
-    "Gemma with grouped-query attention",
-    "(2, kv_heads, d_model, head_dim)",
-    4,
-    "the k slice [0]; v [1] is not",
-  ),
-  Layout(
-    "qkv_einsum",
-    "w",
-    "Gemma with as many kv heads as heads",
-    "(3, heads, d_model, head_dim)",
-    4,
-    "the q and k slices [0, 1]; v [2] is not",
-  ),
-  Layout(
-    "q_proj",
-    "kernel",
-    "Llama-style separate Dense projections",
-    "(d_model, heads * head_dim)",
-    2,
-    "every head (needs the head count)",
-  ),
-  Layout(
-    "k_proj",
-    "kernel",
-    "Llama-style separate Dense projections",
-    "(d_model, kv_heads * head_dim)",
-    2,
-    "every head (needs the head count)",
-  ),
-  Layout(
-    "c_attn",
-    "kernel",
-    "GPT-2-style fused Dense projection",
-    "(d_model, 3 * heads * head_dim)",
-    2,
-    "the q and k thirds (needs the head count); v is not",
-  ),
-)
-"""The query/key layouts recognized by name (``<module>/<param>`` ending a path)."""
-
-_LAYOUTS = {(l.module, l.param): l for l in LAYOUTS}
-
-
-def layout_of(names: Sequence[str]) -> Optional[Layout]:
-  """The :class:`Layout` whose ``<module>/<param>`` ends a path, or ``None``.
-
-  Example:
-    >>> from stiefax.layouts import layout_of
-    >>> layout_of(("params", "attn", "qkv_einsum", "w")).partial
-    True
-    >>> layout_of(("mlp", "kernel")) is None
-    True
-
-  Args:
-    names: the names along a path (see :func:`path_names`).
-
-  Returns:
-    The layout, or ``None`` when the path ends in no known query/key weight.
-  """
-  if len(names) < 2:
-    return None
-  return _LAYOUTS.get((names[-2], names[-1]))
 
 
 # Lower-case name tokens that mark a parameter as part of an attention layer.
@@ -340,10 +216,10 @@ def qk_labels(
 ) -> Any:
   """Labels the query/key weights ``stiefel`` and every other leaf ``adamw``.
 
-  By default a leaf is a frame when its path ends in one of the layouts of
-  :data:`LAYOUTS`: ``query/kernel``, ``key/kernel`` (Flax attention),
-  ``q_einsum/w``, ``kv_einsum/w``, ``qkv_einsum/w`` (Gemma), ``q_proj/kernel``,
-  ``k_proj/kernel`` (Llama-style) or ``c_attn/kernel`` (GPT-2-style); fused weights
+  By default a leaf is a frame when its path ends in the ``<module>/<param>`` of a
+  row of :data:`LAYOUTS` (``query/kernel``, ``key/kernel`` of Flax attention,
+  ``q_einsum/w``, ``kv_einsum/w``, ``qkv_einsum/w`` of Gemma, ``q_proj/kernel``,
+  ``k_proj/kernel``, ``c_attn/kernel`` of Dense projections, ...); fused weights
   are labelled whole, and :func:`stiefax.layouts.qk_frames` (the default ``frames`` of
   :func:`stiefax.stiefel_adamw`) selects their query/key slices. With ``modules``
   a leaf is a frame when its path ends in ``<module>/kernel`` for a name in
@@ -395,7 +271,7 @@ def qk_labels(
     found = attention_like(params)
     if found:
       rule = (
-        "one of " + ", ".join(f"{l.module}/{l.param}" for l in LAYOUTS)
+        "one of " + ", ".join(f"{l.module}/{l.param}" for l in _layout_table.LAYOUTS)
         if modules is None
         else f"<module>/kernel for a module in {modules}"
       )
@@ -415,8 +291,8 @@ def qk_frames(
   """The :class:`stiefax.FrameSpec` of each query/key weight, read from its name.
 
   A ``frames=`` callable ``(path, leaf) -> FrameSpec`` for the layouts in
-  :data:`LAYOUTS` (one frame per head; value slices of fused weights are not
-  frames), and ``FrameSpec()`` for any other path:
+  :data:`LAYOUTS` (each row's ``frame_spec``: one frame per head; value slices of
+  fused weights are not frames), and ``FrameSpec()`` for any other path:
 
   | path ends in | shape | FrameSpec |
   |---|---|---|
@@ -428,9 +304,10 @@ def qk_frames(
   | ``k_proj/kernel`` | ``(d, K r)`` | ``FrameSpec(split=(1, (K, -1)))`` |
   | ``c_attn/kernel`` | ``(d, 3 H r)`` | ``FrameSpec(split=(1, (3, H, -1)), select=(1, (0, 1)))`` |
 
-  The Dense layouts (``q_proj``, ``k_proj``, ``c_attn``) do not show their head count
-  in their shape: give ``head_dim`` (one number for queries and keys, with or without
-  grouped-query attention), or ``num_heads`` and, for ``k_proj``, ``num_kv_heads``.
+  The Dense layouts (``q_proj``, ``k_proj``, ``c_attn``: the rows with ``heads``) do
+  not show their head count in their shape: give ``head_dim`` (one number for queries
+  and keys, with or without grouped-query attention), or ``num_heads`` and, for
+  ``k_proj``, ``num_kv_heads``.
   Without them those leaves raise a ValueError: the head count is never guessed.
   A recognized name with another rank (e.g. layer-stacked) raises too; give such
   weights your own ``FrameSpec``.
@@ -458,52 +335,33 @@ def qk_frames(
     if value is not None and (not isinstance(value, int) or value < 1):
       raise ValueError(f"qk_frames: {name} must be a positive int, got {value!r}.")
 
-  def heads_split(
-    layout: Layout,
-    path: Sequence[Any],
-    leaf: jax.typing.ArrayLike,
-    count: Optional[int],
-    count_name: str,
-  ) -> tuple[int, int]:
+  counts = {"num_heads": num_heads, "num_kv_heads": num_kv_heads}
+
+  def head_split(layout: Layout, path: Sequence[Any], leaf: Any) -> tuple[int, int]:
     if head_dim is not None:
       return (-1, head_dim)
+    count = counts.get(layout.heads or "")
     if count is None:
       raise ValueError(
         f"The parameter at {_named(path)} (shape {tuple(jnp.shape(leaf))}) has the"
         f" layout {layout.shape} of {layout.family}: its head count cannot be"
         " read from its shape. Pass"
-        f" frames=stiefax.layouts.qk_frames(head_dim=...) (or {count_name}=...)."
+        f" frames=stiefax.layouts.qk_frames(head_dim=...) (or {layout.heads}=...)."
       )
     return (count, -1)
 
   def frames(path: Sequence[Any], leaf: jax.typing.ArrayLike) -> FrameSpec:
-    names = path_names(path)
-    layout = layout_of(names)
+    layout = layout_of(path_names(path))
     if layout is None:
       return FrameSpec()
-    key = (layout.module, layout.param)
     if jnp.ndim(leaf) != layout.rank:
       raise ValueError(
         f"The parameter at {_named(path)} is named like a weight of {layout.family},"
         f" {layout.shape}, but has shape {tuple(jnp.shape(leaf))}. Give its layout"
         " with frames=stiefax.FrameSpec(...) (or a callable choosing one per path)."
       )
-    if key in {("query", "kernel"), ("key", "kernel")}:
-      return FrameSpec()
-    if key == ("q_einsum", "w"):
-      return FrameSpec(row_axis=1)
-    if key == ("kv_einsum", "w"):
-      return FrameSpec(row_axis=2, select=(0, (0,)))
-    if key == ("qkv_einsum", "w"):
-      return FrameSpec(row_axis=2, select=(0, (0, 1)))
-    if key == ("q_proj", "kernel"):
-      return FrameSpec(split=(1, heads_split(layout, path, leaf, num_heads, "num_heads")))
-    if key == ("k_proj", "kernel"):
-      return FrameSpec(split=(1, heads_split(layout, path, leaf, num_kv_heads, "num_kv_heads")))
-    return FrameSpec(  # c_attn
-      split=(1, (3,) + heads_split(layout, path, leaf, num_heads, "num_heads")),
-      select=(1, (0, 1)),
-    )
+    heads = None if layout.heads is None else head_split(layout, path, leaf)
+    return layout.frame_spec(heads)
 
   return frames
 

@@ -26,9 +26,9 @@ import optax
 
 from stiefax import _checks
 from stiefax._frames import FrameSpec
+from stiefax._layout_table import layout_of
 from stiefax._layouts import EUCLIDEAN_LABEL
 from stiefax._layouts import STIEFEL_LABEL
-from stiefax._layouts import layout_of
 from stiefax._layouts import no_frames_message
 from stiefax._layouts import path_names
 from stiefax._layouts import qk_frames
@@ -170,10 +170,11 @@ def checked_frames(frames: FramesLike, path: KeyPath, leaf: Any) -> FrameSpec:
 
 
 def _dense_layout(path: KeyPath, leaf: Any) -> Any:
-  """The layout of a Dense query/key kernel (``q_proj``, ``k_proj``, ``c_attn``) at
-  ``path``, whose heads its shape does not show; ``None`` for any other leaf."""
+  """The layout of a Dense query/key kernel (``q_proj``, ``k_proj``, ``c_attn``: a row
+  with ``heads``) at ``path``, whose heads its shape does not show; ``None`` for any
+  other leaf."""
   layout = layout_of(path_names(path))
-  if layout is None or layout.rank != 2 or jnp.ndim(leaf) != 2:
+  if layout is None or layout.heads is None or jnp.ndim(leaf) != layout.rank:
     return None
   return layout
 

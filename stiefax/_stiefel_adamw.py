@@ -18,10 +18,10 @@ import optax
 from stiefax import _checks
 from stiefax._alias import riemannian_adam
 from stiefax._frames import FrameSpec
+from stiefax._layout_table import layout_of
 from stiefax._layouts import EUCLIDEAN_LABEL
 from stiefax._layouts import STIEFEL_LABEL
 from stiefax._layouts import decay_mask
-from stiefax._layouts import layout_of
 from stiefax._layouts import path_names
 from stiefax._layouts import qk_frames
 from stiefax._resolve import FramesLike

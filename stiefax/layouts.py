@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from stiefax._hyperball import matrix_frames
 from stiefax._hyperball import muon_dimension_numbers
+from stiefax._layout_table import LAYOUTS
+from stiefax._layout_table import Layout
+from stiefax._layout_table import layout_of
 from stiefax._layouts import EUCLIDEAN_LABEL
-from stiefax._layouts import LAYOUTS
 from stiefax._layouts import STIEFEL_LABEL
-from stiefax._layouts import Layout
 from stiefax._layouts import attention_like
 from stiefax._layouts import decay_mask
-from stiefax._layouts import layout_of
 from stiefax._layouts import missing_frames_hint
 from stiefax._layouts import no_frames_message
 from stiefax._layouts import path_names

@@ -14,6 +14,10 @@
 * MathJax is served from the built site (``javascripts/mathjax/``), so the math renders
   offline: :func:`on_post_build` copies it from the ``django-static-mathjax`` package
   of the docs extra (MathJax 3 as plain files; it needs no Django).
+* The table of query/key layouts on ``howto/your-model.md`` is rendered from
+  ``stiefax.layouts.LAYOUTS`` (:func:`with_layouts_table`), one row per layout, so the
+  page cannot drift from the code; ``python docs/hooks/stiefax_docs.py`` rewrites the
+  copy in the Markdown source, which ``tests/test_layouts.py`` compares with the rows.
 * The notebooks live in ``notebooks/`` at the repository root (they are run and read on
   their own too); they are added to the site as ``notebooks/*.ipynb``, where the
   mkdocs-jupyter plugin executes them, with the kernel settings in ``jupyter/``.
@@ -185,6 +189,53 @@ def on_post_page(output, page, config):
   return code_break_points(output)
 
 
+#: The page that shows the table of query/key layouts, and the comments around it.
+LAYOUTS_PAGE = "howto/your-model.md"
+LAYOUTS_BEGIN = (
+  "<!-- The table of layouts, one row per stiefax.layouts.LAYOUTS row: the build renders"
+  " it, python docs/hooks/stiefax_docs.py rewrites it here. -->"
+)
+LAYOUTS_END = "<!-- End of the table of layouts. -->"
+
+
+def layouts_table(layouts: Iterable[Any] | None = None) -> str:
+  """The Markdown table of the query/key layouts, one line per row of ``layouts``.
+
+  ``layouts`` defaults to ``stiefax.layouts.LAYOUTS``.
+  """
+  if layouts is None:
+    layouts = importlib.import_module("stiefax.layouts").LAYOUTS
+  lines = [
+    "| model code | path ends in | shape | frames | `qk_frames` needs |",
+    "|---|---|---|---|---|",
+  ]
+  for row in layouts:
+    needs = "nothing" if row.heads is None else f"`head_dim=...` or `{row.heads}=...`"
+    lines.append(
+      f"| {row.family} | `{row.module}/{row.param}` | `{row.shape}` | {row.frames} | {needs} |"
+    )
+  return "\n".join(lines) + "\n"
+
+
+def with_layouts_table(markdown: str, layouts: Iterable[Any] | None = None) -> str:
+  """``markdown`` with the table between :data:`LAYOUTS_BEGIN` and :data:`LAYOUTS_END`
+  rendered afresh from ``layouts`` (see :func:`layouts_table`)."""
+  begin, end = markdown.find(LAYOUTS_BEGIN), markdown.find(LAYOUTS_END)
+  if begin < 0 or end < begin:
+    raise PluginError(
+      f"{LAYOUTS_PAGE}: the table of layouts must stand between the lines"
+      f" {LAYOUTS_BEGIN!r} and {LAYOUTS_END!r}."
+    )
+  head = markdown[: begin + len(LAYOUTS_BEGIN)]
+  return f"{head}\n\n{layouts_table(layouts)}\n{markdown[end:]}"
+
+
+def on_page_markdown(markdown, page, config, files):
+  if page.file.src_uri == LAYOUTS_PAGE:
+    return with_layouts_table(markdown)
+  return markdown
+
+
 #: Jupyter configuration for the notebooks' execution: the kernels log errors only, so
 #: the build log does not carry each kernel's warning that its local TCP sockets are
 #: unencrypted (the notebooks' own output and errors are unaffected).
@@ -258,3 +309,9 @@ def on_post_build(config):
   if target.exists():
     shutil.rmtree(target)
   shutil.copytree(mathjax_source(), target, ignore=_other_bundles)
+
+
+if __name__ == "__main__":
+  # Rewrites the table of layouts in the Markdown source from stiefax.layouts.LAYOUTS.
+  page = pathlib.Path(__file__).resolve().parents[1] / LAYOUTS_PAGE
+  page.write_text(with_layouts_table(page.read_text(encoding="utf-8")), encoding="utf-8")

@@ -148,8 +148,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     default=None,
     help="frame_lr, the frames' rate(s) at the AdamW peak, for the arms whose frames have"
     " their own rule (frozen frames stay at 0; the others ignore it), comma-separated, or"
-    " 'best': the"
-    " frame rate of B2's best cell in study 2's grid among the finished runs in --out"
+    " 'best': the frame rate of B2's best cell in study 2's grid among the runs in --out"
     f" (default: the preset's, {preset_values('frame_lr')})",
   )
   parser.add_argument(

@@ -20,11 +20,11 @@ from typing import Optional
 import numpy as np
 
 from stiefax.experiments.flags import CommandError
-from stiefax.experiments.patches.images import CACHE_VERSION
+from stiefax.experiments.patches.cache import CACHE_VERSION
+from stiefax.experiments.patches.cache import cache_digest
+from stiefax.experiments.patches.cache import load_npz
+from stiefax.experiments.patches.cache import save_npz
 from stiefax.experiments.patches.images import Images
-from stiefax.experiments.patches.images import cache_digest
-from stiefax.experiments.patches.images import load_npz
-from stiefax.experiments.patches.images import save_npz
 
 __all__ = [
   "Whitening",

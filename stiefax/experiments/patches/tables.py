@@ -5,15 +5,14 @@ A2 within seed (mean, t, p, wins k/n, paired-t and bootstrap 95% CIs), final iso
 error and wall-clock per epoch, then the paired contrasts of the paper's Table 7 and
 the frozen arm's share of B2's gain. ``sweep-n``: a row per n (ddof=0, as the paper's
 Table 3). ``sweep-eps``: a row per eps, paired against the smallest eps. ``select-lr``:
-validation accuracy per rate.
+validation accuracy per rate. Those three tables are
+:mod:`stiefax.experiments.patches.sweep_tables`; how runs are grouped into settings and
+paired within seed, :mod:`stiefax.experiments.patches.groups`.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import pathlib
-from typing import Iterable
 from typing import Optional
 from typing import Sequence
 
@@ -21,68 +20,26 @@ import numpy as np
 
 from stiefax.experiments import report as report_lib
 from stiefax.experiments import stats
-from stiefax.experiments.patches.config import ARMS
 from stiefax.experiments.patches.config import EXPERIMENT
-from stiefax.experiments.patches.config import Setting
 from stiefax.experiments.patches.config import contrasts
+from stiefax.experiments.patches.groups import arm_order as _arm_order
+from stiefax.experiments.patches.groups import by_seed as _by_seed
+from stiefax.experiments.patches.groups import group_key as _group_key
+from stiefax.experiments.patches.groups import label as _label
+from stiefax.experiments.patches.groups import paired_row as _paired_row
+from stiefax.experiments.patches.groups import setting_order as _setting_order
+from stiefax.experiments.patches.groups import title as _title
 from stiefax.experiments.patches.runs import knob_of
-from stiefax.experiments.patches.runs import run_identity
+from stiefax.experiments.patches.sweep_tables import eps_references as _eps_references
+from stiefax.experiments.patches.sweep_tables import report_select as _report_select
+from stiefax.experiments.patches.sweep_tables import report_sweep_eps as _report_sweep_eps
+from stiefax.experiments.patches.sweep_tables import report_sweep_n as _report_sweep_n
 from stiefax.experiments.report import PAIRED_HEADER
 from stiefax.experiments.report import num as _num
 from stiefax.experiments.report import paired_cells as _paired_cells
 from stiefax.experiments.report import table as _table
 
 __all__ = ["report", "CONTRASTS"]
-
-# Configuration fields that belong to an arm rather than to the setting it runs in.
-_ARM_FIELDS = (
-  "protocol",
-  "riemannian_lr",
-  "penalty",
-  "eps",
-  "description",
-  "frame_init",
-  "attention",
-)
-
-
-def _group_key(cfg: dict, drop: Sequence[str] = ()) -> str:
-  """The setting a run belongs to: its identity less the arm's own fields and ``drop``."""
-  ident = run_identity(cfg)
-  for k in (*_ARM_FIELDS, *drop):
-    ident.pop(k, None)
-  return json.dumps(ident, sort_keys=True)
-
-
-def _label(r: dict, knobs: dict) -> str:
-  """The arm's name, with its knob when one arm runs at several knobs in a group."""
-  if len(knobs.get(r["arm"], ())) < 2:
-    return r["arm"]
-  c = r["config"]
-  if c.get("penalty") is not None:
-    return f"{r['arm']} λ={c['penalty']:g}"
-  if c.get("riemannian_lr") is not None:
-    return f"{r['arm']} lr={c['riemannian_lr']:g}"
-  return f"{r['arm']} lr={c['adamw_lr']:g}"
-
-
-def _setting_order(cfg: dict) -> tuple:
-  """Settings in the tables: by depth, then the larger AdamW rate first, then n."""
-  return (cfg["depth"], -cfg["adamw_lr"], cfg.get("n_train") or 0, cfg.get("epochs") or 0)
-
-
-def _arm_order(names: Iterable[str]) -> list[str]:
-  return report_lib.arm_order(names, ARMS)
-
-
-def _title(cfg: dict) -> str:
-  return (
-    f"{cfg.get('dataset')} n_train={cfg.get('n_train')} test={cfg.get('n_test')}"
-    f" epochs={cfg.get('epochs')} ({cfg.get('total_steps')} steps) depth={cfg.get('depth')}"
-    f" d={cfg.get('d')} H={cfg.get('heads')} r={cfg.get('head_dim')}"
-    f" adamw_lr={cfg.get('adamw_lr'):g}"
-  )
-
 
 # Paired contrasts of the paper's Table 7 (and section 4.5): (name, arm b, arm a, what
 # b - a isolates). Printed for every group that holds both arms.
@@ -114,15 +71,6 @@ CONTRASTS = contrasts(
     ("QK-norm on B2", "B2-qknorm", "B2", "is the norm redundant with orthonormal frames?"),
   )
 )  # then arm - base of each arm with a base (the registry's), not listed
-
-
-def _by_seed(runs: Sequence[dict], metric: str) -> dict:
-  return report_lib.by_seed(runs, metric)
-
-
-def _paired_row(base: dict, other: dict) -> Optional[stats.Paired]:
-  """``other - base`` in percentage points on their shared seeds (None: none shared)."""
-  return report_lib.paired_by_seed(base, other, scale=100.0)
 
 
 def _report_main(runs: Sequence[dict], out_dir: pathlib.Path, tag: str) -> list[str]:
@@ -396,124 +344,6 @@ def _plot_attention(by_arm: dict, out_dir: pathlib.Path, name: str, title: str) 
   return report_lib.save_figure(fig, plt, out_dir, name)
 
 
-def _eps_references(sweep: Sequence[dict], runs: Sequence[dict]) -> list[dict]:
-  """``run``-protocol runs of the swept arms in the sweep's setting, as extra eps points.
-
-  The eps probe varies only eps, so the main study's B2 (eps = 1e-8) is its reference
-  point and need not be trained twice.
-  """
-  keys = {(r["arm"], _group_key(r["config"])) for r in sweep}
-  have = {(r["arm"], r["seed"], r["config"]["eps"]) for r in sweep}
-  return [
-    r
-    for r in runs
-    if (r["arm"], _group_key(r["config"])) in keys
-    and r["config"].get("eps") is not None
-    and (r["arm"], r["seed"], r["config"]["eps"]) not in have
-  ]
-
-
-def _report_sweep_n(runs: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
-  by_n: dict = {}
-  for r in runs:
-    by_n.setdefault(r["config"]["n_train"], {}).setdefault(r["arm"], []).append(r)
-  arms = _arm_order({r["arm"] for r in runs})
-  rows: list[list[str]] = []
-  curves: dict[str, list] = {a: [] for a in arms}
-  for n in sorted(by_n):
-    cfg = next(iter(by_n[n].values()))[0]["config"]
-    base = _by_seed(by_n[n].get("A2", []), "test_acc")
-    cells = [str(n), str(cfg["total_steps"]), str(cfg["epochs"])]
-    for a in arms:
-      acc = _by_seed(by_n[n].get(a, []), "test_acc")
-      mean, std = stats.summarize([100 * v for v in acc.values()], ddof=0)
-      cells.append(f"{mean:.2f} ± {std:.2f}" if acc else "-")
-      curves[a].append((n, mean, std))
-    for a in arms:
-      if a == "A2":
-        continue
-      p = _paired_row(base, _by_seed(by_n[n].get(a, []), "test_acc")) if base else None
-      cells += _paired_cells(p)
-    rows.append(cells)
-  header = ["n", "steps", "epochs"] + [f"{a} %" for a in arms]
-  for a in arms:
-    if a != "A2":
-      header += [f"{a}-A2 pp", *PAIRED_HEADER]
-  lines = [
-    "patches (sweep-n): data-size sweep at a fixed step budget",
-    _table(header, rows),
-    "  mean ± population std (ddof=0) over seeds, as the paper's Table 3; Δ paired within"
-    " seed; bootstrap CI exact (every resample of the seeds).",
-  ]
-  png = _plot_xy(curves, out_dir, "patches_sweep_n.png", "n_train", "test accuracy (%)")
-  if png:
-    lines.append(f"  plot: {png}")
-  return lines + [""]
-
-
-def _report_sweep_eps(runs: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
-  lines = ["patches (sweep-eps): Riemannian Adam eps probe (paper 4.7)"]
-  for arm in _arm_order({r["arm"] for r in runs}):
-    by_eps: dict = {}
-    for r in runs:
-      if r["arm"] == arm:
-        by_eps.setdefault(r["config"]["eps"], []).append(r)
-    ref_eps = min(by_eps)
-    ref = _by_seed(by_eps[ref_eps], "test_acc")
-    rows, curve = [], []
-    for eps in sorted(by_eps):
-      acc = _by_seed(by_eps[eps], "test_acc")
-      mean, std = stats.summarize([100 * v for v in acc.values()])
-      p = _paired_row(ref, acc) if eps != ref_eps else None
-      rows.append([f"{eps:.0e}", str(len(acc)), f"{mean:.2f} ± {std:.2f}", *_paired_cells(p)])
-      curve.append((eps, mean, std))
-    lines.append(f"{arm}: {_title(by_eps[ref_eps][0]['config'])}")
-    lines.append(
-      _table(
-        ["eps", "seeds", "test acc %", f"Δ vs {ref_eps:.0e} pp", *PAIRED_HEADER],
-        rows,
-      )
-    )
-    png = _plot_xy(
-      {arm: curve}, out_dir, f"patches_sweep_eps_{arm}.png", "eps", "test accuracy (%)"
-    )
-    if png:
-      lines.append(f"  plot: {png}")
-    default = Setting.eps
-    if ref_eps > default:
-      lines.append(
-        f"  paired against eps={ref_eps:.0e}, the smallest here: no {arm} run at the default"
-        f" eps={default:.0e} in this setting; report these runs with a folder that has them"
-        " (such as the main study's) to pair against the default"
-      )
-    lines.append("")
-  return lines
-
-
-def _report_select(runs: Sequence[dict]) -> list[str]:
-  by_arm: dict = {}
-  for r in runs:
-    knob = knob_of(r["config"])
-    by_arm.setdefault(r["arm"], {}).setdefault(knob, []).append(r["metrics"]["val_acc"])
-  rows = []
-  for arm in _arm_order(by_arm):
-    scores = {k: float(np.mean(v)) for k, v in by_arm[arm].items()}
-    best = max(scores, key=scores.__getitem__)
-    rows.append(
-      [
-        arm,
-        "  ".join(
-          f"{k:g}:{100 * v:.2f}" + ("*" if k == best else "") for k, v in sorted(scores.items())
-        ),
-      ]
-    )
-  return [
-    "patches (select-lr): validation accuracy % per rate (* = selected)",
-    _table(["arm", "rate: val acc"], rows),
-    "",
-  ]
-
-
 def _plot_main(by_arm: dict, out_dir: pathlib.Path, name: str, title: str) -> Optional[str]:
   plt = report_lib.pyplot()
   if plt is None:
@@ -548,27 +378,6 @@ def _plot_main(by_arm: dict, out_dir: pathlib.Path, name: str, title: str) -> Op
   ax2.set_ylabel("isometry error max|W^T W - I|")
   ax2.legend(fontsize=8)
   fig.suptitle(title, fontsize=9)
-  fig.tight_layout()
-  return report_lib.save_figure(fig, plt, out_dir, name)
-
-
-def _plot_xy(
-  curves: dict, out_dir: pathlib.Path, name: str, xlabel: str, ylabel: str
-) -> Optional[str]:
-  plt = report_lib.pyplot()
-  if plt is None:
-    return None
-  fig, ax = plt.subplots(figsize=(6, 4))
-  for i, (a, pts) in enumerate(curves.items()):
-    pts = [p for p in pts if math.isfinite(p[1])]
-    if not pts:
-      continue
-    x, m, s = map(np.asarray, zip(*pts))
-    ax.errorbar(np.maximum(x, 1e-12), m, yerr=s, marker="o", capsize=3, label=a, color=f"C{i}")
-  ax.set_xscale("log")
-  ax.set_xlabel(xlabel)
-  ax.set_ylabel(ylabel)
-  ax.legend()
   fig.tight_layout()
   return report_lib.save_figure(fig, plt, out_dir, name)
 
