@@ -162,7 +162,7 @@ def grok_record(
     "arm": arm,
     "seed": seed,
     "config": {
-      **dataclasses.asdict(config),
+      **grok_config.recorded(config),
       "arm": grok_runs.arm_definition(grok_config.ARMS[arm]),
       "n_train": 3764,
       "n_test": 5645,

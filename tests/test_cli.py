@@ -134,7 +134,7 @@ def test_the_command_line_imports_no_jax_flax_or_optax():
   assert "stiefax.experiments.cli" in modules
   assert not _heavy(modules), sorted(_heavy(modules))
   ours = {m for m in modules if m.startswith("stiefax")}
-  light = {"cli", "flags", "arms"}
+  light = {"cli", "flags", "arms", "arm"}
   assert ours == {"stiefax", "stiefax.experiments"} | {f"stiefax.experiments.{m}" for m in light}, (
     sorted(ours)
   )

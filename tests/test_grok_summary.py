@@ -88,7 +88,7 @@ def test_a_run_ending_inside_a_collapse_says_so(short_run):
 
 
 def test_the_quick_preset_prints_its_figures_over_seeds(monkeypatch):
-  record = {"config": {**dataclasses.asdict(grok_config.QUICK), "preset": "quick"}}
+  record = {"config": {**grok_config.recorded(grok_config.QUICK), "preset": "quick"}}
   monkeypatch.setattr(quick_seeds, "FIGURES", ("A2: x", "B2: y"))
   note = quick_seeds.seed_note([record])
   assert note.splitlines()[1:] == ["  A2: x", "  B2: y"]

@@ -53,7 +53,7 @@ def digits_argv(tmp_path, *args):
 def test_arm_names_and_aliases():
   assert patches_config.arm_by_name("pa16").name == "B2-SGD"
   assert patches_config.arm_by_name("b2").name == "B2"
-  assert set(patches_config.ARMS) == {
+  assert patches_config.PAPER_ARMS == (
     "A2",
     "A2-orth",
     "B2",
@@ -62,15 +62,15 @@ def test_arm_names_and_aliases():
     "elementwise",
     "grassmann",
     "soft",
-    *patches_config.OPTIMIZER_ARMS,
-    *patches_config.LOGIT_ARMS,
-  }
+  )
+  named = (*patches_config.PAPER_ARMS, *patches_config.OPTIMIZER_ARMS, *patches_config.LOGIT_ARMS)
+  assert list(patches_config.ARMS)[: len(named)] == list(named)  # then any arm added since
   assert set(patches_config.OPTIMIZER_ARMS) == {"B2-mmuon", "A2-muon", "B2-qr", "B2-cayley"}
   setting = patches_config.Setting(n_train=10_000, epochs=40)
   assert setting.steps_per_epoch == 40 and setting.total_steps == 1600
   assert setting.warmup_steps == 200
   assert (
-    patches_config.arm_hparams(patches_config.ARMS["elementwise"], setting, None)["riemannian_lr"]
+    patches_config.arm_hparams(patches_config.ARMS["elementwise"], setting, None)["frame_lr"]
     == 0.03
   )
   assert patches_config.arm_hparams(patches_config.ARMS["A2"], setting, 3e-3)["adamw_lr"] == 3e-3

@@ -2,8 +2,13 @@
 
 :func:`make_optimizer` is ``optax.adamw`` on the whole model for the arms whose frames
 are ordinary AdamW parameters, else ``stiefax.stiefel_adamw`` with the arm's frame rule
-(:func:`frame_rule`) on W_Q, W_K and AdamW on the rest. The rates, betas, decay and
+(:func:`frame_factory`) on W_Q, W_K and AdamW on the rest. The rates, betas, decay and
 the Riemannian Adam settings are a :class:`Hyper`; the arm's ``options`` override them.
+
+The frame rate is ``Hyper.frame_lr``, the ``stiefel_learning_rate`` of
+``stiefax.stiefel_adamw``, and reaches the frames by that optimizer's own rule: they run
+at ``frame_lr * adamw_lr(t) / peak_lr`` (:func:`frame_rate`), so a warm-up or a decay
+of the AdamW rate reaches them in proportion. No command builds a frame schedule.
 """
 
 from __future__ import annotations
@@ -12,7 +17,6 @@ import dataclasses
 from typing import Any
 from typing import Optional
 from typing import Union
-import warnings
 
 import jax
 import optax
@@ -22,7 +26,7 @@ from stiefax import layouts
 from stiefax.experiments import attention
 from stiefax.experiments.arms import Arm
 
-__all__ = ["Hyper", "decay_mask", "frame_rule", "make_optimizer"]
+__all__ = ["Hyper", "decay_mask", "frame_rate", "frame_factory", "frame_rule", "make_optimizer"]
 
 Rate = Union[float, Any]  # a float or an Optax schedule
 
@@ -33,7 +37,11 @@ class Hyper:
 
   Attributes:
     adamw_lr: AdamW's rate for the non-frame parameters (a float or a schedule).
-    frame_lr: the frame rule's rate.
+    frame_lr: the frames' rate at the peak of ``adamw_lr`` (``stiefel_learning_rate``
+      of ``stiefax.stiefel_adamw``); the frames follow ``adamw_lr`` in shape
+      (:func:`frame_rate`).
+    peak_lr: the largest value of ``adamw_lr`` when it is a schedule (its
+      ``peak_learning_rate``); ``None`` for a float ``adamw_lr``.
     weight_decay: AdamW's decoupled decay (tensors of rank >= 2 only).
     b1: first-moment decay of AdamW, Adam and the Riemannian Adam.
     b2: second-moment decay of the same.
@@ -48,7 +56,8 @@ class Hyper:
   """
 
   adamw_lr: Rate = 1e-3
-  frame_lr: Rate = 1.0
+  frame_lr: float = 1.0
+  peak_lr: Optional[float] = None
   weight_decay: float = 0.0
   b1: float = 0.9
   b2: float = 0.999
@@ -65,31 +74,57 @@ def decay_mask(params: Any) -> Any:
   return layouts.decay_mask(params)
 
 
-def frame_rule(arm: Arm, h: Hyper) -> optax.GradientTransformation:
-  """The arm's transform for W_Q, W_K (an ``optax.GradientTransformation``)."""
+def frame_rate(h: Hyper) -> Rate:
+  """The frames' rate, by the rule of ``stiefax.stiefel_adamw``: ``frame_lr * adamw_lr(t)
+  / peak_lr`` for a schedule, ``frame_lr`` for a float rate (0 where it is 0). A zero
+  ``frame_lr`` is the constant 0.0, the same rate, whose transform keeps no schedule
+  state (as the checkpoints of frozen-frame runs hold it)."""
+  if not callable(h.adamw_lr) or h.frame_lr == 0:
+    return h.frame_lr if h.adamw_lr != 0 else 0.0
+  if h.peak_lr is None or not h.peak_lr > 0:
+    raise ValueError(f"Hyper.peak_lr={h.peak_lr!r}: a schedule adamw_lr needs its peak, > 0")
+  lr, scale, peak = h.adamw_lr, h.frame_lr, h.peak_lr
+  return lambda count: scale * lr(count) / peak
+
+
+def frame_factory(arm: Arm, h: Hyper) -> Any:
+  """The arm's frame rule as ``stiefax.stiefel_adamw`` takes a factory: called as
+  ``factory(rate, frames=...)``, it returns the transform for W_Q, W_K."""
   rule, opts = arm.frames, dict(arm.options)
-  where: dict = {} if h.frames is None else {"frames": h.frames}
+
+  def where(frames: Any) -> dict:
+    return {} if frames is None else {"frames": frames}
+
   if rule == "riemannian_adam":
     kw: dict = dict(b1=h.b1, b2=h.b2, eps=h.eps, max_norm=h.max_norm, method=h.polar)
-    return stiefax.riemannian_adam(h.frame_lr, **{**kw, **where, **opts})
+    return lambda rate, frames=None: stiefax.riemannian_adam(
+      rate, **{**kw, **where(frames), **opts}
+    )
   if rule == "riemannian_sgd":
-    return stiefax.riemannian_sgd(h.frame_lr, **{"method": h.polar, **where, **opts})
+    return lambda rate, frames=None: stiefax.riemannian_sgd(
+      rate, **{"method": h.polar, **where(frames), **opts}
+    )
   if rule == "manifold_muon":
-    return stiefax.manifold_muon(h.frame_lr, **{**where, **opts})
+    return lambda rate, frames=None: stiefax.manifold_muon(rate, **{**where(frames), **opts})
   if rule == "muon":
     # W_Q, W_K are (d, heads, r) kernels: reduce over d, one matrix per head.
     dims = optax.contrib.MuonDimensionNumbers(reduction_axis=0, output_axis=2)
-    return optax.contrib.muon(
-      h.frame_lr,
+    return lambda rate, frames=None: optax.contrib.muon(
+      rate,
       weight_decay=h.weight_decay,
       muon_weight_dimension_numbers=lambda p: jax.tree.map(lambda _: dims, p),
       **opts,
     )
   if rule == "adam":
-    return optax.adam(h.frame_lr, b1=h.b1, b2=h.b2, **opts)
+    return lambda rate, frames=None: optax.adam(rate, b1=h.b1, b2=h.b2, **opts)
   if rule == "zero":
-    return optax.set_to_zero()
+    return lambda rate, frames=None: optax.set_to_zero()
   raise ValueError(f"arm {arm.name!r}: frames={rule!r} is trained by AdamW, not a frame rule")
+
+
+def frame_rule(arm: Arm, h: Hyper) -> optax.GradientTransformation:
+  """The arm's transform for W_Q, W_K at :func:`frame_rate` (``Hyper.frames``)."""
+  return frame_factory(arm, h)(frame_rate(h), frames=h.frames)
 
 
 def make_optimizer(arm: Arm, h: Hyper) -> optax.GradientTransformation:
@@ -116,18 +151,25 @@ def _make_optimizer(arm: Arm, h: Hyper) -> optax.GradientTransformation:
       weight_decay=h.weight_decay,
       mask=decay_mask,
     )
-  with warnings.catch_warnings():
-    # The frame rule carries its own schedule (Hyper.frame_lr), shaped as adamw_lr.
-    warnings.filterwarnings("ignore", "stiefax.stiefel_adamw: stiefel= is a ready transform")
-    return stiefax.stiefel_adamw(
-      h.adamw_lr,
-      weight_decay=h.weight_decay,
-      b1=h.b1,
-      b2=h.b2,
-      eps=h.adamw_eps,
-      stiefel=frame_rule(arm, h),
-      **({} if h.frames is None else {"frames": h.frames}),
-    )
+  return stiefax.stiefel_adamw(
+    h.adamw_lr,
+    weight_decay=h.weight_decay,
+    b1=h.b1,
+    b2=h.b2,
+    eps=h.adamw_eps,
+    stiefel=_constant_if_zero(frame_factory(arm, h), h.frame_lr),
+    stiefel_learning_rate=h.frame_lr,
+    peak_learning_rate=h.peak_lr if callable(h.adamw_lr) else None,
+    **({} if h.frames is None else {"frames": h.frames}),
+  )
+
+
+def _constant_if_zero(factory: Any, frame_lr: float) -> Any:
+  """``factory``, called with the constant 0.0 where ``frame_lr`` is 0 (the rate
+  ``stiefel_adamw`` passes is then 0 at every step): see :func:`frame_rate`."""
+  if frame_lr != 0:
+    return factory
+  return lambda rate, frames=None: factory(0.0, frames=frames)
 
 
 # ----------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ token embedding plus learned positions, a 2-layer, 4-head, d=128, r=32 pre-LN en
 (FFN 4x with ReLU, no causal mask, a final LayerNorm), readout
 concat(3 x 128) -> 128 -> ReLU -> 97; {paper_fraction} pairs (3 764) train as one full
 batch, the other 5 645 are held out. AdamW lr {paper_lr}, weight decay {paper_wd} on matrices,
-b2 {paper_b2}, no warm-up; the Riemannian rate is {paper_rlr} (constant), tau {paper_tau}, eps {paper_eps}.
+b2 {paper_b2}, no warm-up; the frame rate frame_lr is {paper_rlr} (constant), tau {paper_tau}, eps {paper_eps}.
 
 Arms (they differ only in how W_Q, W_K are treated, except where noted):
 {arms}
@@ -29,7 +29,7 @@ Presets:
   paper            {paper_arms} at seed {paper_seeds}, the exact configuration: {paper_epochs} epochs,
                    evaluation every {paper_eval} (about 2 hours per arm on an idle 2-core CPU).
 --stabilize runs the Power et al. setting (b2 0.98 and a 10-step linear warm-up, for
-the AdamW and the Riemannian rate alike).
+the AdamW rate and frame_lr alike).
 
 Each run writes OUT/<arm>[-stab]-<preset>-e<epochs>-<hash>-s<seed>.json, where the hash
 covers the whole configuration (every hyperparameter, the budget, the arm), so no two
@@ -123,7 +123,7 @@ def help_text() -> str:
     paper_lr=_number(p.learning_rate),
     paper_wd=p.weight_decay,
     paper_b2=p.b2,
-    paper_rlr=p.riemannian_lr,
+    paper_rlr=p.frame_lr,
     paper_tau=p.tau,
     paper_eps=_number(p.riemannian_eps),
     paper_seeds=",".join(map(str, paper["seeds"])),
@@ -250,7 +250,7 @@ def _check_optimizer(config: GrokConfig) -> None:
   """The optimizer settings in the optimizers' own ranges (``CommandError`` if not)."""
   for arg, field in (
     ("learning_rate", "learning_rate"),
-    ("learning_rate", "riemannian_lr"),
+    ("learning_rate", "frame_lr"),
     ("weight_decay", "weight_decay"),
     ("b1", "b1"),
     ("b2", "b2"),

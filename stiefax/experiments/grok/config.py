@@ -34,7 +34,7 @@ class GrokConfig:
   b1: float = 0.9
   b2: float = 0.999
   warmup: int = 0  # linear warm-up steps of every rate (0: constant)
-  riemannian_lr: float = 1.0  # eta_R of the Riemannian Adam
+  frame_lr: float = 1.0  # eta_R of the Riemannian Adam (runs record it as riemannian_lr)
   tau: float = 0.1  # step cap ||eta||_F <= tau sqrt(r)
   riemannian_eps: float = 1e-3  # eps of the Riemannian Adam
   epochs: int = 20_000  # full-batch steps
@@ -43,6 +43,16 @@ class GrokConfig:
   grok_threshold: float = 0.95
   sustain_k: int = 3  # consecutive evaluations >= grok_threshold
   tail_fraction: float = 0.25  # tail mean over the final quarter of the run
+
+
+#: The fields that runs record under an earlier name, part of their identities (so
+#: fixed): the frame rate, ``frame_lr``, is recorded as ``riemannian_lr``.
+RECORDED_NAMES = {"frame_lr": "riemannian_lr"}
+
+
+def recorded(config: GrokConfig) -> dict:
+  """Every field of ``config`` as runs record it, in order (:data:`RECORDED_NAMES`)."""
+  return {RECORDED_NAMES.get(k, k): v for k, v in dataclasses.asdict(config).items()}
 
 
 PAPER = GrokConfig()
@@ -58,8 +68,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-#: The arms of ``stiefax grok``, in the order of its help and its report.
-ARMS = arms.select(
+#: The arms of ``stiefax grok`` (the registry's entries that name it), in the order of
+#: its help and its report: these first, then any other in registry order.
+ARMS = arms.offered(
+  "grok",
   (
     "A2",
     "B2",
@@ -77,10 +89,10 @@ ARMS = arms.select(
     "A2-qknorm",
     "A2-sigma",
     "B2-qknorm",
-  )
+  ),
 )
 # Frame rates of the optimizer-family arms (grok has no rate selection).
-MMUON_LR, MUON_LR = ARMS["B2-mmuon"].rate, ARMS["A2-muon"].rate
+MMUON_LR, MUON_LR = ARMS["B2-mmuon"].frame_lr, ARMS["A2-muon"].frame_lr
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,28 +220,28 @@ def hyper(arm: Arm, config: GrokConfig) -> optim.Hyper:
   """The settings of the arm's optimizer (:func:`stiefax.experiments.optim.make_optimizer`).
 
   AdamW at ``learning_rate`` (with ``warmup`` linear warm-up steps); the frames of the
-  Riemannian Adam arms at ``riemannian_lr`` (eps ``riemannian_eps``, cap ``tau``), of
-  the Muon arms at the arm's rate, of B2m and A2-nwf at the AdamW rate.
+  Riemannian Adam arms at ``frame_lr`` (eps ``riemannian_eps``, cap ``tau``), of the
+  other frame rules at the arm's ``frame_lr``, of B2m and A2-nwf at the AdamW rate,
+  each following the AdamW warm-up (:func:`stiefax.experiments.optim.frame_rate`).
   """
   # Optax and the optimizer factory (JAX) are imported here, not by `stiefax grok --help`.
   import optax
 
   from stiefax.experiments import optim
 
-  def rate(value: float) -> optax.ScalarOrSchedule:
-    if config.warmup > 0 and value > 0:
-      return optax.warmup_constant_schedule(0.0, value, config.warmup)
-    return value
-
-  if arm.rate is None:
+  lr: optax.ScalarOrSchedule = config.learning_rate
+  if config.warmup > 0 and config.learning_rate > 0:
+    lr = optax.warmup_constant_schedule(0.0, config.learning_rate, config.warmup)
+  if arm.frame_lr is None:
     frame_lr = config.learning_rate
   elif arm.frames == "riemannian_adam":
-    frame_lr = config.riemannian_lr
+    frame_lr = config.frame_lr
   else:
-    frame_lr = arm.rate
+    frame_lr = arm.frame_lr
   return optim.Hyper(
-    adamw_lr=rate(config.learning_rate),
-    frame_lr=rate(frame_lr),
+    adamw_lr=lr,
+    frame_lr=frame_lr,
+    peak_lr=config.learning_rate,
     weight_decay=config.weight_decay if arm.weight_decay is None else arm.weight_decay,
     b1=config.b1,
     b2=config.b2,

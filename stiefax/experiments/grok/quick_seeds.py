@@ -10,10 +10,10 @@ grok`` prints them after its own runs (:func:`seed_note`).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Sequence
 
 from stiefax.experiments.grok.config import QUICK
+from stiefax.experiments.grok.config import recorded
 
 __all__ = ["FIGURES", "SUMMARY", "seed_note"]
 
@@ -36,9 +36,7 @@ FIGURES: tuple[str, ...] = (
 
 def _is_quick(record: dict) -> bool:
   c = record.get("config", {})
-  return c.get("preset") == "quick" and all(
-    c.get(f.name) == getattr(QUICK, f.name) for f in dataclasses.fields(QUICK)
-  )
+  return c.get("preset") == "quick" and all(c.get(k) == v for k, v in recorded(QUICK).items())
 
 
 def seed_note(records: Sequence[dict]) -> str:

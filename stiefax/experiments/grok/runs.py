@@ -18,10 +18,13 @@ from stiefax.experiments import store
 from stiefax.experiments.arms import Arm
 from stiefax.experiments.grok import collapses
 from stiefax.experiments.grok.config import ARMS
+from stiefax.experiments.grok.config import RECORDED_NAMES
 from stiefax.experiments.grok.config import GrokConfig
+from stiefax.experiments.grok.config import recorded
 
 __all__ = [
   "arm_definition",
+  "recorded_rule",
   "run_identity",
   "record_identity",
   "run_file_name",
@@ -41,14 +44,15 @@ def run_identity(config: GrokConfig, arm: str, preset: str) -> dict:
     "preset": preset,
     "arm": arm,
     "arm_definition": arm_definition(ARMS[arm]),
-    **dataclasses.asdict(config),
+    **recorded(config),
   }
 
 
 def record_identity(record: dict) -> dict:
   """:func:`run_identity` of a written run (``KeyError`` if its config lacks a field)."""
   c = record["config"]
-  fields = {f.name: c[f.name] for f in dataclasses.fields(GrokConfig)}
+  names = (RECORDED_NAMES.get(f.name, f.name) for f in dataclasses.fields(GrokConfig))
+  fields = {name: c[name] for name in names}
   return {
     "experiment": "grok",
     "preset": c.get("preset"),
@@ -227,36 +231,40 @@ def run_key(run: dict) -> tuple:
   return (store.digest(record_identity(run)), run["seed"])
 
 
-# How a run records its arm, ``(description, rule)``: part of every run's identity and
-# file name (:func:`arm_definition`), so fixed.
-_RECORDED = {
-  "A2": ("AdamW everywhere (decay on W_Q, W_K too)", "adamw"),
-  "B2": ("Riemannian Adam on W_Q, W_K", "riemannian"),
-  "B2m": ("tangent projection + elementwise Adam, no cap", "elementwise"),
-  "B2m-can": ("B2m with the canonical gradient", "elementwise-canonical"),
-  "B2-frz": ("W_Q, W_K frozen at orthonormal init", "frozen"),
-  "A2-nwf": ("A2 without decay on W_Q, W_K", "adam"),
-  "B2-hi": ("B2 with circuit decay 2.0", "riemannian"),
-  "B2-sn": ("B2 with circuit init 0.1x", "riemannian"),
-  "B2-comb": ("B2-hi + B2-sn", "riemannian"),
-  "B2-mmuon": ("manifold Muon on W_Q, W_K (rate 0.05)", "mmuon"),
-  "A2-muon": ("optax.contrib.muon on W_Q, W_K (rate 0.02), unconstrained", "muon"),
-  "B2-qr": ("B2 with the QR retraction", "riemannian-qr"),
-  "B2-cayley": ("B2 with the Cayley retraction", "riemannian-cayley"),
-  "A2-qknorm": ("A2 with QK-norm (LayerNorm on each head's q and k)", "adamw"),
-  "A2-sigma": ("A2 with sigmaReparam W_Q, W_K (gamma W / sigma(W))", "adamw"),
-  "B2-qknorm": ("B2 with QK-norm (LayerNorm on each head's q and k)", "riemannian"),
+#: How a run records a frame rule (``Arm.frames``), part of its identity, so fixed: a
+#: Riemannian Adam adds its moment, projector and retraction (:func:`recorded_rule`).
+_RULES = {
+  "adamw": "adamw",
+  "adam": "adam",
+  "riemannian_adam": "riemannian",
+  "riemannian_sgd": "riemannian-sgd",
+  "manifold_muon": "mmuon",
+  "muon": "muon",
+  "zero": "frozen",
 }
+
+
+def recorded_rule(arm: Arm) -> str:
+  """The ``"rule"`` runs record for ``arm``: its frame rule's name, for a Riemannian
+  Adam ``"elementwise"`` with an elementwise second moment, then the projector and the
+  retraction the arm sets (``riemannian-qr``, ``elementwise-canonical``)."""
+  rule = _RULES[arm.frames]
+  if arm.frames != "riemannian_adam":
+    return rule
+  o = arm.options
+  base = "elementwise" if o.get("moment") == "elementwise" else rule
+  return "-".join([base, *(str(o[k]) for k in ("projector", "retraction") if k in o)])
 
 
 def arm_definition(arm: Arm) -> dict:
   """How runs record ``arm``: ``{"description", "rule", "orthonormal", "weight_decay",
   "circuit_init_scale"}`` (the ``"arm"`` of a run's ``"config"``), and ``"attention"``
-  for an arm whose attention is not plain (:mod:`stiefax.experiments.attention`)."""
-  description, rule = _RECORDED[arm.name]
+  for an arm whose attention is not plain (:mod:`stiefax.experiments.attention`). All
+  of it comes from the arm's registry entry: its grok description
+  (:meth:`~stiefax.experiments.arms.Arm.description_in`) and :func:`recorded_rule`."""
   definition = {
-    "description": description,
-    "rule": rule,
+    "description": arm.description_in("grok"),
+    "rule": recorded_rule(arm),
     "orthonormal": arm.orthonormal,
     "weight_decay": arm.weight_decay,
     "circuit_init_scale": arm.circuit_init_scale,

@@ -16,7 +16,6 @@ a program of its own so that the training and evaluation programs are unchanged.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import sys
 import time
@@ -39,6 +38,7 @@ from stiefax.experiments.flags import CommandError
 from stiefax.experiments.grok.config import ARMS
 from stiefax.experiments.grok.config import GrokConfig
 from stiefax.experiments.grok.config import hyper
+from stiefax.experiments.grok.config import recorded
 from stiefax.experiments.grok.config import run_metrics
 from stiefax.experiments.grok.data import make_data
 from stiefax.experiments.grok.model import make_model
@@ -392,7 +392,7 @@ def train_seeds(
         "arm": arm_name,
         "seed": s,
         "config": {
-          **dataclasses.asdict(config),
+          **recorded(config),
           "arm": arm_definition(arm),
           "n_train": int(datas[i]["y_train"].shape[0]),
           "n_test": int(datas[i]["y_test"].shape[0]),

@@ -15,7 +15,7 @@ stiefax finds by name.
 
 Arms (the one registry; every other parameter trains with AdamW, weight decay
 {weight_decay} on matrices, b1 {b1}, b2 {b2}, linear warm-up over the first {warmup}% of
-steps, then cosine to 0, the same schedule on the Riemannian rate).
+steps, then cosine to 0; the frames follow it at frame_lr, stiefel_adamw's rule).
 Added by study 2 of docs/lm.md: {study2}.
 Added by its study 3: {study3}.
 
@@ -146,9 +146,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
     "--frame-lr",
     default=None,
-    help="the Riemannian Adam's peak rate(s) for the arms whose frames have their own rule"
-    " (frozen frames stay at 0; the others ignore it), comma-separated, or 'best': the"
-    " frame rate of B2's best cell in study 2's grid among the finished runs in --out"
+    help="frame_lr, the frames' rate(s) at the AdamW peak, for the arms whose frames have"
+    " their own rule (frozen frames stay at 0; the others ignore it), comma-separated, or"
+    " 'best': the frame rate of B2's best cell in study 2's grid among the runs in --out"
     f" (default: the preset's, {preset_values('frame_lr')})",
   )
   parser.add_argument(
@@ -239,7 +239,7 @@ def _is_around(text: Optional[str]) -> bool:
 
 def _own_frame_rate(arm: str) -> bool:
   """Whether ``--frame-lr`` reaches ``arm``: a frame rule of its own, not frozen."""
-  return ARMS[arm].apart and ARMS[arm].rate != 0.0
+  return ARMS[arm].apart and ARMS[arm].frame_lr != 0.0
 
 
 def resolve_config(args: argparse.Namespace) -> tuple[LMConfig, list[str], list[int]]:

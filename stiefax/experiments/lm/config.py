@@ -25,11 +25,13 @@ ADDED_BY_STUDY = {
   3: ("AdamH", "AdamH-qknorm", "Muon", "MuonH", "B2-H", "SphereAdam"),
 }
 
-#: The arms ``stiefax lm`` offers (the one registry's), in report order.
-ARMS = arms.select(
+#: The arms ``stiefax lm`` offers (the registry's entries that name it), in report order:
+#: these first, then any other in registry order.
+ARMS = arms.offered(
+  "lm",
   ("A2", "A2-qknorm", "A2-sigma", "frozen", "B2", "B2-qr", "B2-qknorm")
   + ADDED_BY_STUDY[2]
-  + ADDED_BY_STUDY[3]
+  + ADDED_BY_STUDY[3],
 )
 
 
@@ -45,7 +47,8 @@ class LMConfig:
     warmup_steps: linear warm-up from 0, then cosine decay to 0 at ``steps``
       (``optax.warmup_cosine_decay_schedule``), for the AdamW and the frame rates alike.
     adamw_lr: AdamW's peak rate (every parameter but the frames of a Stiefel arm).
-    frame_lr: the Riemannian Adam's peak rate (Stiefel arms).
+    frame_lr: the frames' peak rate (Stiefel arms): ``stiefel_learning_rate`` of
+      ``stiefax.stiefel_adamw``, on the AdamW schedule.
     weight_decay: AdamW's decoupled decay, on tensors of rank >= 2.
     b1, b2: the moments' decays (AdamW and Riemannian Adam).
     eps: AdamW's and the Riemannian Adam's eps.
@@ -173,22 +176,24 @@ def frame_rate(arm: Arm, config: LMConfig) -> Optional[float]:
   """The peak rate of the arm's frame rule (None: the frames are AdamW parameters)."""
   if not arm.apart:
     return None
-  return 0.0 if arm.rate == 0.0 else config.frame_lr
+  return 0.0 if arm.frame_lr == 0.0 else config.frame_lr
 
 
 def hyper(arm: Arm, config: LMConfig) -> optim.Hyper:
   """The settings of the arm's optimizer (:func:`stiefax.experiments.optim.make_optimizer`):
-  ``optax.adamw`` or ``stiefax.stiefel_adamw`` with the arm's frame rule, on schedules.
+  ``optax.adamw`` or ``stiefax.stiefel_adamw`` with the arm's frame rule, on schedules:
+  the frames at ``frame_lr`` times the AdamW schedule over its peak, the rule of
+  ``stiefax.stiefel_adamw`` (:func:`stiefax.experiments.optim.frame_rate`).
 
   The frames are found by name in Gemma's layout (:func:`stiefax.layouts.qk_frames`).
   """
   import stiefax
   from stiefax.experiments import optim
 
-  peak = frame_rate(arm, config)
   return optim.Hyper(
     adamw_lr=schedule(config, config.adamw_lr),
-    frame_lr=schedule(config, peak) if peak else 0.0,
+    frame_lr=frame_rate(arm, config) or 0.0,
+    peak_lr=config.adamw_lr,
     weight_decay=config.weight_decay,
     b1=config.b1,
     b2=config.b2,

@@ -62,7 +62,7 @@ def arm_definition(arm: Arm) -> dict:
     "options": dict(arm.options),
     "orthonormal": arm.orthonormal,
     "attention": arm.attention,
-    "frozen": arm.rate == 0.0,
+    "frozen": arm.frame_lr == 0.0,
   }
   if arm.temperature:
     out["temperature"] = True

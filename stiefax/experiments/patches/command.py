@@ -19,30 +19,14 @@ LayerNorm, mean pooling over tokens, classifier ``W_cls``. Xavier-uniform kernel
 Training: batch 256 (the last partial batch of an epoch is kept), AdamW on every
 non-frame parameter (rate ``--adamw-lr``, decay 0.05 on rank >= 2 tensors only, not
 LayerNorm), 5-epoch linear warm-up then cosine to zero
-(``optax.warmup_cosine_decay_schedule``), applied to the Riemannian rate too; plain
+(``optax.warmup_cosine_decay_schedule``), applied to the frame rate frame_lr too; plain
 cross-entropy; test accuracy at the final epoch. The batch order and the initial
 non-frame parameters depend on the seed only (shared across arms); the orthonormal
 frames are drawn from the seed too (identical across the arms that use them).
 
 Arms (``--arms``, or ``all`` for the paper's eight above the blank line):
 
-  A2           AdamW + Xavier on everything (rate --adamw-lr, paper's 1e-2)
-  A2-orth      AdamW, W_Q and W_K initialized orthonormal
-  B2           riemannian_adam(1.0, eps=1e-8, max_norm=0.1) on W_Q, W_K
-  B2-SGD       riemannian_sgd(0.02), Grassmann projector (alias PA16)
-  frozen       the Riemannian arm at rate 0 (frames stay at their init)
-  elementwise  riemannian_adam(0.03, moment="elementwise")
-  grassmann    riemannian_adam(1.0, projector="grassmann")
-  soft         AdamW + lambda * orthogonality_penalty (lambda = --penalty, 0.1)
-
-  B2-mmuon     manifold_muon(0.05) on W_Q, W_K (spectral-norm steepest descent on St)
-  A2-muon      optax.contrib.muon(0.02) on W_Q, W_K (Xavier init, unconstrained)
-  B2-qr        B2 with the sign-fixed QR retraction
-  B2-cayley    B2 with the Cayley retraction
-
-  A2-qknorm    A2 with QK-norm: LayerNorm (no bias, learned scale) on each head's q, k
-  A2-sigma     A2 with sigmaReparam W_Q, W_K: (gamma / sigma(W)) W, one power step a step
-  B2-qknorm    B2 with the same QK-norm
+{arms}
 
 Protocols: ``run`` (default; ``--seeds`` paired, ``--select-lr`` first picks each
 arm's rate on the validation images [n_train : n_train + n_val]), ``sweep-n``
@@ -73,11 +57,11 @@ from stiefax.experiments.flags import check_seeds
 from stiefax.experiments.flags import writable_dir
 from stiefax.experiments.patches import tables
 from stiefax.experiments.patches.config import ARMS
-from stiefax.experiments.patches.config import LOGIT_ARMS
-from stiefax.experiments.patches.config import OPTIMIZER_ARMS
+from stiefax.experiments.patches.config import PAPER_ARMS
 from stiefax.experiments.patches.config import PRESETS
 from stiefax.experiments.patches.config import PROTOCOLS
 from stiefax.experiments.patches.config import arm_by_name
+from stiefax.experiments.patches.config import arm_help
 
 __all__ = ["add_arguments", "validate", "defaults", "select_arms", "run"]
 
@@ -86,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   doc = __doc__ or ""
   parser.description = doc.split("\n\n", 1)[0]
   parser.formatter_class = argparse.RawDescriptionHelpFormatter
-  parser.epilog = doc.split("\n\n", 1)[1]
+  parser.epilog = doc.split("\n\n", 1)[1].replace("{arms}", arm_help())
   add = parser.add_argument
   add(
     "protocol",
@@ -154,8 +138,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   g.add_argument(
     "--lr",
     default=None,
-    help="per-arm rate overrides, e.g. B2=1.0,A2=0.003 (the Riemannian rate"
-    " of frame arms; the AdamW rate of A2, A2-orth; lambda of soft)",
+    help="per-arm rate overrides, e.g. B2=1.0,A2=0.003 (the frame rate"
+    " frame_lr of frame arms; the AdamW rate of A2, A2-orth; lambda of soft)",
   )
   g.add_argument("--eps", type=float, default=1e-8, help="Riemannian Adam eps (default 1e-8)")
   g.add_argument("--max-norm", type=float, default=0.1, help="step cap tau (default 0.1)")
@@ -253,7 +237,7 @@ def defaults(args: argparse.Namespace) -> dict:
 def select_arms(args: argparse.Namespace) -> list[Arm]:
   """The arms of ``--arms`` (``all``: the paper's eight; sweep-eps defaults to B2)."""
   if args.arms.strip().lower() == "all":
-    arms = [a for a in ARMS.values() if a.name not in (*OPTIMIZER_ARMS, *LOGIT_ARMS)]
+    arms = [ARMS[n] for n in PAPER_ARMS]
   else:
     names = [t for t in args.arms.split(",") if t.strip()]
     if not names:

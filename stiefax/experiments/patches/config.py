@@ -7,6 +7,7 @@ import math
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import Optional
+from typing import Sequence
 
 from stiefax.experiments import arms
 from stiefax.experiments.arms import Arm
@@ -35,17 +36,15 @@ PRESETS: dict[str, dict[str, Any]] = {
   ),
 }
 
-#: The paper's eight arms (``--arms all``), then the optimizer-family arms.
-ARMS = arms.select(
+#: The paper's eight arms, ``--arms all``.
+PAPER_ARMS = ("A2", "A2-orth", "B2", "B2-SGD", "frozen", "elementwise", "grassmann", "soft")
+
+#: The arms of ``stiefax patches`` (the registry's entries that name it): the paper's
+#: eight, then the optimizer-family arms, then any other in registry order.
+ARMS = arms.offered(
+  "patches",
   (
-    "A2",
-    "A2-orth",
-    "B2",
-    "B2-SGD",
-    "frozen",
-    "elementwise",
-    "grassmann",
-    "soft",
+    *PAPER_ARMS,
     "B2-mmuon",
     "A2-muon",
     "B2-qr",
@@ -53,7 +52,7 @@ ARMS = arms.select(
     "A2-qknorm",
     "A2-sigma",
     "B2-qknorm",
-  )
+  ),
 )
 ADAM_ARMS = ("B2", "elementwise", "grassmann")  # arms with a Riemannian eps
 # The optimizer-family comparison (docs/optimizers.md); named explicitly, not in "all".
@@ -61,6 +60,32 @@ OPTIMIZER_ARMS = ("B2-mmuon", "A2-muon", "B2-qr", "B2-cayley")
 # The practitioners' logit controls (QK-norm, sigmaReparam; docs/reproduction.md,
 # "Against QK-norm and sigmaReparam"); named explicitly, not in "all".
 LOGIT_ARMS = ("A2-qknorm", "A2-sigma", "B2-qknorm")
+
+
+def arm_help() -> str:
+  """The arms of ``--help``, from the registry: ``--arms all`` (the paper's eight), the
+  optimizer-family and the logit-control arms, then any other the registry offers, each
+  line the arm's description and its default frame rate ``frame_lr``."""
+  named = (*PAPER_ARMS, *OPTIMIZER_ARMS, *LOGIT_ARMS)
+  groups = (PAPER_ARMS, OPTIMIZER_ARMS, LOGIT_ARMS, [n for n in ARMS if n not in named])
+  width = max(len(name) for name in ARMS) + 2
+
+  def line(arm: Arm) -> str:
+    rate = "" if arm.frame_lr is None else f"; frame_lr {arm.frame_lr:g}"
+    return f"  {arm.name:<{width}}{arm.description}{rate}"
+
+  return "\n\n".join("\n".join(line(ARMS[n]) for n in group) for group in groups if group)
+
+
+def contrasts(listed: Sequence[tuple[str, str, str, str]]) -> Sequence:
+  """The report's contrasts ``(name, b, a, what)``: ``listed`` (the paper's), then
+  ``(arm, arm, base, description)`` for every arm with a ``base`` they lack (live)."""
+  return arms.Contrasts(
+    ARMS,
+    listed,
+    pair=lambda c: (c[1], c[2]),
+    row=lambda b, a: (b, b, a, ARMS[b].description),
+  )
 
 
 def arm_by_name(name: str) -> Arm:
@@ -110,19 +135,20 @@ class Setting:
 
 
 def arm_hparams(arm: Arm, setting: Setting, knob: Optional[float]) -> dict:
-  """The arm's rates: ``{"adamw_lr", "riemannian_lr", "penalty", "eps"}``.
+  """The arm's rates: ``{"adamw_lr", "frame_lr", "penalty", "eps"}`` (runs record
+  ``frame_lr`` as ``riemannian_lr``, :func:`stiefax.experiments.patches.runs.run_config`).
 
   ``knob`` (``--lr`` / ``--select-lr``) is the AdamW rate of the arms without a frame
-  rule of their own, lambda of ``soft``, else the frame rule's rate (``None``: the
-  default).
+  rule of their own, lambda of ``soft``, else the frame rate ``frame_lr`` (``None``:
+  the arm's default, ``Arm.frame_lr``).
   """
-  hp: dict = {"adamw_lr": setting.adamw_lr, "riemannian_lr": None, "penalty": None, "eps": None}
+  hp: dict = {"adamw_lr": setting.adamw_lr, "frame_lr": None, "penalty": None, "eps": None}
   if arm.penalty:
     hp["penalty"] = setting.penalty if knob is None else knob
   elif not arm.apart:
     hp["adamw_lr"] = setting.adamw_lr if knob is None else knob
   else:
-    hp["riemannian_lr"] = arm.rate if knob is None else knob
+    hp["frame_lr"] = arm.frame_lr if knob is None else knob
   if arm.frames == "riemannian_adam":
     hp["eps"] = setting.eps
   return hp
@@ -141,14 +167,15 @@ def hyper(setting: Setting, hp: dict) -> optim.Hyper:
   """The settings of the arm's optimizer (:func:`stiefax.experiments.optim.make_optimizer`):
   ``optax.adamw`` or ``stiefax.stiefel_adamw`` with the arm's frame rule, on schedules.
 
-  ``hp``: the arm's rates (:func:`arm_hparams`).
+  ``hp``: the arm's rates (:func:`arm_hparams`). The frames run at ``frame_lr`` times
+  the AdamW schedule over its peak, the rule of ``stiefax.stiefel_adamw``.
   """
   from stiefax.experiments import optim  # JAX: here, not by `stiefax patches --help`
 
-  frame_lr = hp["riemannian_lr"]
   return optim.Hyper(
     adamw_lr=schedule(setting, hp["adamw_lr"]),
-    frame_lr=schedule(setting, frame_lr) if frame_lr else 0.0,
+    frame_lr=hp["frame_lr"] or 0.0,
+    peak_lr=hp["adamw_lr"],
     weight_decay=setting.weight_decay,
     eps=setting.eps if hp["eps"] is None else hp["eps"],
     max_norm=setting.max_norm,
@@ -157,9 +184,8 @@ def hyper(setting: Setting, hp: dict) -> optim.Hyper:
 
 
 def learning_rates(setting: Setting, hp: dict, step: int) -> tuple[float, float]:
-  """``(AdamW rate, frame rate)`` at ``step`` (0.0 for a rate that is unset or zero)."""
-
-  def at(peak: Optional[float]) -> float:
-    return float(schedule(setting, peak)(step)) if peak else 0.0
-
-  return at(hp["adamw_lr"]), at(hp["riemannian_lr"])
+  """``(AdamW rate, frame rate)`` at ``step`` (0.0 for a rate that is unset or zero); the
+  frame rate is ``frame_lr`` times the AdamW schedule over its peak."""
+  adamw = float(schedule(setting, hp["adamw_lr"])(step)) if hp["adamw_lr"] else 0.0
+  frames = hp["frame_lr"] * adamw / hp["adamw_lr"] if hp["frame_lr"] and adamw else 0.0
+  return adamw, frames

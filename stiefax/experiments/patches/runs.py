@@ -21,7 +21,12 @@ from stiefax.experiments.patches.config import Setting
 from stiefax.experiments.patches.config import frame_init
 from stiefax.experiments.protocol import number_problem
 
+#: The rates runs record under an earlier name, part of their identities (so fixed):
+#: the frame rate, ``frame_lr``, is recorded as ``riemannian_lr``.
+RECORDED_NAMES = {"frame_lr": "riemannian_lr"}
+
 __all__ = [
+  "RECORDED_NAMES",
   "DataFacts",
   "arm_definition",
   "run_config",
@@ -107,7 +112,7 @@ def run_config(
     **arm_definition(arm),
   }
   cfg.update(dataclasses.asdict(setting))
-  cfg.update(hp)
+  cfg.update({RECORDED_NAMES.get(k, k): v for k, v in hp.items()})
   if hp["eps"] is None:
     cfg["eps"] = None
   if not arm.penalty:
@@ -116,7 +121,8 @@ def run_config(
 
 
 def knob_of(cfg: dict) -> Optional[float]:
-  """The rate ``--lr`` set for the run: lambda, else the frame rate, else the AdamW rate."""
+  """The rate ``--lr`` set for the run: lambda, else the frame rate (recorded as
+  ``riemannian_lr``), else the AdamW rate."""
   for k in ("penalty", "riemannian_lr"):
     if cfg.get(k) is not None:
       return cfg[k]

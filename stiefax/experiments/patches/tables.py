@@ -21,6 +21,7 @@ import numpy as np
 from stiefax.experiments import report as report_lib
 from stiefax.experiments import stats
 from stiefax.experiments.patches.config import EXPERIMENT
+from stiefax.experiments.patches.config import contrasts
 from stiefax.experiments.patches.groups import arm_order as _arm_order
 from stiefax.experiments.patches.groups import by_seed as _by_seed
 from stiefax.experiments.patches.groups import group_key as _group_key
@@ -42,27 +43,34 @@ __all__ = ["report", "CONTRASTS"]
 
 # Paired contrasts of the paper's Table 7 (and section 4.5): (name, arm b, arm a, what
 # b - a isolates). Printed for every group that holds both arms.
-CONTRASTS = (
-  ("constraint alone", "frozen", "A2", "orthonormal frames never trained, vs AdamW"),
-  ("training the frames", "B2", "frozen", "the Riemannian Adam step, vs frozen frames"),
-  ("step rule (b,c)", "grassmann", "B2-SGD", "adaptive capped step vs fixed step, both Grassmann"),
-  ("projector (a)", "B2", "grassmann", "Stiefel vs Grassmann projector, adaptive step"),
-  ("second moment", "B2", "elementwise", "scalar vs elementwise v"),
-  ("corrected vs PA16", "B2", "B2-SGD", "all three changes at once"),
-  # The Stiefel optimizer family (docs/optimizers.md), each against B2.
-  ("manifold Muon", "B2-mmuon", "B2", "spectral-norm steepest descent vs Riemannian Adam"),
-  ("QR retraction", "B2-qr", "B2", "QR vs polar retraction, same step"),
-  ("Cayley retraction", "B2-cayley", "B2", "Cayley vs polar retraction, same step"),
-  ("Muon, free frames", "A2-muon", "B2", "orthogonalized updates, frames unconstrained"),
-  # Against the practitioners' logit controls (docs/reproduction.md, "Against QK-norm").
-  ("QK-norm", "A2-qknorm", "A2", "LayerNorm on q and k, AdamW frames"),
-  ("sigmaReparam", "A2-sigma", "A2", "spectrally normalised W_Q, W_K, AdamW"),
-  ("frozen vs QK-norm", "frozen", "A2-qknorm", "orthonormal frames vs QK-norm"),
-  ("B2 vs QK-norm", "B2", "A2-qknorm", "trained orthonormal frames vs QK-norm"),
-  ("frozen vs sigmaReparam", "frozen", "A2-sigma", "orthonormal frames vs sigmaReparam"),
-  ("B2 vs sigmaReparam", "B2", "A2-sigma", "trained orthonormal frames vs sigmaReparam"),
-  ("QK-norm on B2", "B2-qknorm", "B2", "is the norm redundant with orthonormal frames?"),
-)
+CONTRASTS = contrasts(
+  (
+    ("constraint alone", "frozen", "A2", "orthonormal frames never trained, vs AdamW"),
+    ("training the frames", "B2", "frozen", "the Riemannian Adam step, vs frozen frames"),
+    (
+      "step rule (b,c)",
+      "grassmann",
+      "B2-SGD",
+      "adaptive capped step vs fixed step, both Grassmann",
+    ),
+    ("projector (a)", "B2", "grassmann", "Stiefel vs Grassmann projector, adaptive step"),
+    ("second moment", "B2", "elementwise", "scalar vs elementwise v"),
+    ("corrected vs PA16", "B2", "B2-SGD", "all three changes at once"),
+    # The Stiefel optimizer family (docs/optimizers.md), each against B2.
+    ("manifold Muon", "B2-mmuon", "B2", "spectral-norm steepest descent vs Riemannian Adam"),
+    ("QR retraction", "B2-qr", "B2", "QR vs polar retraction, same step"),
+    ("Cayley retraction", "B2-cayley", "B2", "Cayley vs polar retraction, same step"),
+    ("Muon, free frames", "A2-muon", "B2", "orthogonalized updates, frames unconstrained"),
+    # Against the practitioners' logit controls (docs/reproduction.md, "Against QK-norm").
+    ("QK-norm", "A2-qknorm", "A2", "LayerNorm on q and k, AdamW frames"),
+    ("sigmaReparam", "A2-sigma", "A2", "spectrally normalised W_Q, W_K, AdamW"),
+    ("frozen vs QK-norm", "frozen", "A2-qknorm", "orthonormal frames vs QK-norm"),
+    ("B2 vs QK-norm", "B2", "A2-qknorm", "trained orthonormal frames vs QK-norm"),
+    ("frozen vs sigmaReparam", "frozen", "A2-sigma", "orthonormal frames vs sigmaReparam"),
+    ("B2 vs sigmaReparam", "B2", "A2-sigma", "trained orthonormal frames vs sigmaReparam"),
+    ("QK-norm on B2", "B2-qknorm", "B2", "is the norm redundant with orthonormal frames?"),
+  )
+)  # then arm - base of each arm with a base (the registry's), not listed
 
 
 def _report_main(runs: Sequence[dict], out_dir: pathlib.Path, tag: str) -> list[str]:
