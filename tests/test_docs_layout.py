@@ -353,3 +353,28 @@ def test_pages_fit_1280px_with_the_table_of_contents(tmp_path):
     problems += [f"{name}: table scrolls: {t}" for t in got["tables"]]
     problems += [f"{name}: breaks inside a word: {t}" for t in got["broken"]]
   assert problems == [], "\n".join(problems)
+
+
+def test_fit_prints_a_wide_table_in_parts_that_keep_every_cell():
+  from tests import columns  # pylint: disable=g-import-not-at-top
+
+  names = ["arm", "seeds"] + [f"metric {k} (pp)" for k in range(8)]
+  rows = [["A2", "12"] + [f"+{k}.{k}{k} ± 0.{k}" for k in range(8)]]
+  rows.append(["B2-frozen", "6"] + [f"-{k}.0{k}" for k in range(8)])
+  widths = [max(len(r[j]) for r in [names, *rows]) for j in range(len(names))]
+  line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+  note = "  " + " ".join(f"word{k}" for k in range(30))
+  text = "\n".join([line(names), line(["-" * w for w in widths])] + [line(r) for r in rows])
+  out = columns.fit(text + "\n" + note).splitlines()
+  assert len(line(names)) > columns.WIDTH and all(len(ln) <= columns.WIDTH for ln in out)
+  parts = [p.splitlines() for p in "\n".join(out).split("\n\n")]
+  assert len(parts) >= 2
+  for part in parts:
+    assert part[0].startswith("arm ") and set(part[1]) <= {"-", " "}
+    assert part[2].startswith("A2 ") and part[3].startswith("B2-frozen ")
+  for r, row in enumerate([names, *rows]):
+    got = "  ".join(part[0 if r == 0 else r + 1] for part in parts)
+    assert all(cell in got for cell in row)  # every cell, whole
+  wrapped = [ln for ln in out if ln.lstrip().startswith("word")]
+  assert " ".join(" ".join(wrapped).split()) == note.strip()
+  assert columns.fit("short\nlines") == "short\nlines"
