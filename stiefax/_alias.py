@@ -51,13 +51,13 @@ def riemannian_adam(
 
   Per frame ``W`` with Euclidean gradient ``g_t``::
 
-      xi_t  = Pi_W(g_t)                                     # tangent projection, eq. (3)
-      m_t   = Pi_W(b1 m_{t-1} + (1 - b1) xi_t)              # moment transport
-      v_t   = b2 v_{t-1} + (1 - b2) ||xi_t||_F^2            # one scalar per frame
+      xi_t  = Pi_W(g_t)                                  # tangent projection, eq. (3)
+      m_t   = Pi_W(b1 m_{t-1} + (1 - b1) xi_t)           # moment transport
+      v_t   = b2 v_{t-1} + (1 - b2) ||xi_t||_F^2         # one scalar per frame
       eta_t = -lr * m_hat_t / (sqrt(v_hat_t) + eps)
-      eta_t = eta_t * min(1, tau sqrt(r) / ||eta_t||_F)     # step cap, tau = max_norm
-      W    <- polar(W + eta_t)                              # polar retraction
-                                                            # (or another retraction)
+      eta_t = eta_t * min(1, tau sqrt(r) / ||eta_t||_F)  # step cap, tau = max_norm
+      W    <- polar(W + eta_t)                           # polar retraction
+                                                         # (or another retraction)
 
   It is steepest descent in the embedded metric (Proposition 2), degree zero in the
   gradient at ``eps = 0`` (Proposition 3(ii)), keeps ``sigma_min(W + eta) >= 1`` and
@@ -218,7 +218,8 @@ def riemannian_sgd(
     >>> import jax, optax, stiefax
     >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (16, 4))
     >>> tx = stiefax.riemannian_sgd(0.02)
-    >>> u, _ = tx.update(jax.random.normal(jax.random.key(1), w.shape), tx.init(w), w)
+    >>> u, _ = tx.update(
+    ...     jax.random.normal(jax.random.key(1), w.shape), tx.init(w), w)
     >>> bool(stiefax.diagnostics.isometry_error(optax.apply_updates(w, u)) < 1e-5)
     True
 

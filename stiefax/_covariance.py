@@ -305,9 +305,11 @@ def covariance_violation(
     >>> q, _ = jnp.linalg.qr(jax.random.normal(jax.random.key(0), (4, 4)))
     >>> w = jax.random.normal(jax.random.key(1), (4, 2))
     >>> loss = lambda w: jnp.sum(jnp.sin(w))
-    >>> float(covariance_violation(optax.sgd(0.1), loss, w, left_rotation(q))) < 1e-5
+    >>> float(covariance_violation(
+    ...     optax.sgd(0.1), loss, w, left_rotation(q))) < 1e-5
     True
-    >>> float(covariance_violation(optax.adam(0.1), loss, w, left_rotation(q))) > 1e-2
+    >>> float(covariance_violation(
+    ...     optax.adam(0.1), loss, w, left_rotation(q))) > 1e-2
     True
 
   Args:

@@ -183,7 +183,8 @@ def gauge_content(
   Example:
     >>> import jax, jax.numpy as jnp, stiefax
     >>> init = stiefax.flax.orthonormal_init()
-    >>> wq, wk = init(jax.random.key(0), (8, 2, 3)), init(jax.random.key(1), (8, 2, 3))
+    >>> wq, wk = (init(jax.random.key(0), (8, 2, 3)),
+    ...           init(jax.random.key(1), (8, 2, 3)))
     >>> x = jax.random.normal(jax.random.key(2), (5, 8))
     >>> def loss(wq, wk):
     ...   s = jnp.einsum("nhr,mhr->hnm", jnp.einsum("nd,dhr->nhr", x, wq),
@@ -415,7 +416,8 @@ def step_statistics(
     >>> g = jax.random.normal(jax.random.key(1), w.shape)
     >>> tx = stiefax.riemannian_sgd(0.02)
     >>> new = optax.apply_updates(w, tx.update(g, tx.init(w), w)[0])
-    >>> stats = stiefax.diagnostics.step_statistics(w, new, g, projector="grassmann")
+    >>> stats = stiefax.diagnostics.step_statistics(
+    ...     w, new, g, projector="grassmann")
     >>> stats[""].ratio.shape, bool(abs(stats[""].ratio[0] - 0.02) < 1e-3)
     ((2,), True)
 

@@ -90,7 +90,7 @@ def effective_learning_rate(
 
       radial     = <Delta, w> / ||w||^2
       tangential = ||Delta - radial w|| / ||w||
-      angle      = atan2(tangential, 1 + radial)      # the angle between w and w + Delta
+      angle      = atan2(tangential, 1 + radial)  # the angle between w and w + Delta
 
   ``tangential`` is the effective learning rate that keeps the parameter-update inner
   product (the second seed) rather than assuming ``<Delta, w> = 0``; ``w + Delta``
@@ -136,7 +136,8 @@ def angular_update(old: Any, new: Any, frames: FramesLike = None, *, per: str = 
   Example:
     >>> import jax.numpy as jnp
     >>> from stiefax.elr import angular_update
-    >>> round(float(angular_update(jnp.array([1.0, 0.0]), jnp.array([1.0, 1.0]))), 4)
+    >>> round(float(angular_update(
+    ...     jnp.array([1.0, 0.0]), jnp.array([1.0, 1.0]))), 4)
     0.7854
 
   Args:

@@ -109,7 +109,8 @@ def project_params(
     >>> attn = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8)
     >>> params = attn.init(jax.random.key(0), jnp.ones((1, 3, 8)))
     >>> params = stiefax.flax.project_params(params, stiefax.layouts.qk_labels)
-    >>> bool(stiefax.diagnostics.isometry_error(params, stiefax.layouts.qk_labels) < 1e-5)
+    >>> bool(stiefax.diagnostics.isometry_error(
+    ...     params, stiefax.layouts.qk_labels) < 1e-5)
     True
 
   Args:
@@ -215,7 +216,7 @@ class QKNorm(linen.Module):
   Example:
     >>> import jax, jax.numpy as jnp, stiefax
     >>> q = jax.random.normal(jax.random.key(0), (2, 5, 4, 16))   # (B, T, heads, r)
-    >>> k = jax.random.normal(jax.random.key(1), (2, 5, 2, 16))   # 2 key heads (GQA)
+    >>> k = jax.random.normal(jax.random.key(1), (2, 5, 2, 16))  # 2 key heads (GQA)
     >>> norm = stiefax.flax.QKNorm()
     >>> variables = norm.init(jax.random.key(2), q, k)
     >>> jax.tree.map(jnp.shape, variables["params"])

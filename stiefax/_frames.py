@@ -300,7 +300,8 @@ class FrameSpec:
     Example:
       >>> import jax.numpy as jnp
       >>> from stiefax import FrameSpec
-      >>> FrameSpec(row_axis=2, select=(0, (0, 1))).view(jnp.zeros((3, 2, 8, 4))).shape
+      >>> FrameSpec(row_axis=2, select=(0, (0, 1))).view(
+      ...     jnp.zeros((3, 2, 8, 4))).shape
       (2, 2, 8, 4)
     """
     split_shape = self.split_shape(x.shape)
@@ -400,7 +401,8 @@ class FrameSpec:
     Example:
       >>> import jax.numpy as jnp
       >>> from stiefax import FrameSpec
-      >>> FrameSpec(row_axis=2, select=(0, (0, 1))).rest(jnp.zeros((3, 2, 8, 4))).shape
+      >>> FrameSpec(row_axis=2, select=(0, (0, 1))).rest(
+      ...     jnp.zeros((3, 2, 8, 4))).shape
       (1, 2, 8, 4)
 
     Args:

@@ -33,7 +33,8 @@ def stiefel_tangent(w: jax.Array, g: jax.Array) -> jax.Array:
     >>> import jax, jax.numpy as jnp, stiefax
     >>> from stiefax import geometry
     >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 3))
-    >>> xi = geometry.stiefel_tangent(w, jax.random.normal(jax.random.key(1), (6, 3)))
+    >>> xi = geometry.stiefel_tangent(
+    ...     w, jax.random.normal(jax.random.key(1), (6, 3)))
     >>> bool(jnp.max(jnp.abs(w.T @ xi + xi.T @ w)) < 1e-6)        # tangent
     True
     >>> bool(jnp.max(jnp.abs(geometry.stiefel_tangent(w, 0.1 * w))) < 1e-7)  # decay
@@ -92,7 +93,8 @@ def canonical_tangent(w: jax.Array, g: jax.Array) -> jax.Array:
     >>> import jax, jax.numpy as jnp, stiefax
     >>> from stiefax import geometry
     >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 3))
-    >>> xi = geometry.canonical_tangent(w, jax.random.normal(jax.random.key(1), (6, 3)))
+    >>> xi = geometry.canonical_tangent(
+    ...     w, jax.random.normal(jax.random.key(1), (6, 3)))
     >>> bool(jnp.max(jnp.abs(w.T @ xi + xi.T @ w)) < 1e-6)
     True
   """
@@ -105,7 +107,8 @@ def isometry_residual(w: jax.Array) -> jax.Array:
   Example:
     >>> import jax.numpy as jnp
     >>> from stiefax import geometry
-    >>> geometry.isometry_residual(jnp.stack([jnp.eye(3)[:, :2], 2 * jnp.eye(3)[:, :2]]))
+    >>> geometry.isometry_residual(
+    ...     jnp.stack([jnp.eye(3)[:, :2], 2 * jnp.eye(3)[:, :2]]))
     Array([0., 3.], dtype=float32)
 
   Args:
@@ -263,7 +266,7 @@ def adam_coefficient(v: jax.Array, count: jax.Array, b1: Any, b2: Any, eps: Any)
   Example:
     >>> import jax.numpy as jnp
     >>> from stiefax import geometry
-    >>> v = jnp.array([4.0, 0.0])        # after one step: v_hat = v / (1 - b2) = (16, 0)
+    >>> v = jnp.array([4.0, 0.0])  # after one step: v_hat = v / (1 - b2) = (16, 0)
     >>> geometry.adam_coefficient(v, jnp.array(1), 0.5, 0.75, 0.0)  # 1 / (0.5 * 4)
     Array([0.5, 0. ], dtype=float32)
 
@@ -298,7 +301,8 @@ class Retraction(NamedTuple):
 
   Example:
     >>> from stiefax import geometry
-    >>> geometry.RETRACTION_TABLE["qr"].takes_method, geometry.RETRACTION_TABLE["polar"].takes_method
+    >>> (geometry.RETRACTION_TABLE["qr"].takes_method,
+    ...  geometry.RETRACTION_TABLE["polar"].takes_method)
     (False, True)
 
   Attributes:
@@ -388,7 +392,8 @@ def retraction_step(
     >>> import jax, jax.numpy as jnp, stiefax
     >>> from stiefax import geometry
     >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 3))
-    >>> eta = geometry.stiefel_tangent(w, 0.1 * jax.random.normal(jax.random.key(1), (6, 3)))
+    >>> eta = geometry.stiefel_tangent(
+    ...     w, 0.1 * jax.random.normal(jax.random.key(1), (6, 3)))
     >>> delta, finite = geometry.retraction_step(w, eta, step_bound=0.1)
     >>> bool(geometry.isometry_residual(w + delta) < 1e-5), bool(finite)
     (True, True)

@@ -119,8 +119,10 @@ def matrix_labels(params: optax.Params) -> Any:
     >>> import jax.numpy as jnp
     >>> from stiefax.labels import matrix_labels
     >>> matrix_labels({"embedder": {"input_embedding": jnp.zeros((256, 8))},
-    ...                "mlp": {"linear": {"w": jnp.zeros((16, 8))}, "scale": jnp.zeros(8)}})
-    {'embedder': {'input_embedding': 'adamw'}, 'mlp': {'linear': {'w': 'hyperball'}, 'scale': 'adamw'}}
+    ...                "mlp": {"linear": {"w": jnp.zeros((16, 8))},
+    ...                        "scale": jnp.zeros(8)}})
+    {'embedder': {'input_embedding': 'adamw'},
+     'mlp': {'linear': {'w': 'hyperball'}, 'scale': 'adamw'}}
 
   Args:
     params: a parameter tree.
@@ -198,7 +200,7 @@ def hyperball(
 
   With ``u_t`` the update ``base`` gives for the gradient, per matrix ``W``::
 
-      W_{t+1} = R Normalize(W_t - eta_t R Normalize(u_t)),   Normalize(X) = X / ||X||_F
+      W_{t+1} = R Normalize(W_t - eta_t R Normalize(u_t)),  Normalize(X) = X / ||X||_F
 
   (Wen et al. 2026, section 2: the Hyperball update). ``R`` is the matrix's Frobenius
   norm at ``init`` (or ``radius``), ``eta_t = learning_rate(t)``. The step before the

@@ -103,7 +103,8 @@ def adamh(
     >>> import jax, jax.numpy as jnp, optax, stiefax
     >>> params = {"mlp": {"w": jnp.ones((8, 4)) / 4}, "scale": jnp.zeros(4)}
     >>> tx = stiefax.adamh(0.02, rest_learning_rate=1e-3)
-    >>> u, _ = tx.update(jax.tree.map(jnp.ones_like, params), tx.init(params), params)
+    >>> u, _ = tx.update(
+    ...     jax.tree.map(jnp.ones_like, params), tx.init(params), params)
     >>> jax.tree.map(lambda x: x.shape, u)
     {'mlp': {'w': (8, 4)}, 'scale': (4,)}
 

@@ -20,7 +20,8 @@ def label_mask(
   Example:
     >>> import jax.numpy as jnp
     >>> from stiefax.labels import label_mask
-    >>> label_mask({"key": {"kernel": jnp.zeros((4, 1, 2))}, "value": {"kernel": jnp.zeros((4, 4))}})
+    >>> label_mask({"key": {"kernel": jnp.zeros((4, 1, 2))},
+    ...             "value": {"kernel": jnp.zeros((4, 4))}})
     [True, False]
 
   Args:

@@ -155,7 +155,8 @@ def newton_schulz_iterations(
 
   Example:
     >>> from stiefax import geometry
-    >>> geometry.newton_schulz_iterations(0.1, 16), geometry.newton_schulz_iterations(0.1, 64)
+    >>> (geometry.newton_schulz_iterations(0.1, 16),
+    ...  geometry.newton_schulz_iterations(0.1, 64))
     (3, 4)
 
   Args:

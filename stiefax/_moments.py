@@ -162,9 +162,9 @@ def scalar_moment(
 
   For each frame with current point ``W`` and incoming tangent update ``xi_t``::
 
-      m_t = Pi_W(b1 m_{t-1} + (1 - b1) xi_t)          # moment transport by re-projection
-      v_t = b2 v_{t-1} + (1 - b2) ||xi_t||_F^2         # a scalar per frame
-      out = m_hat_t / (sqrt(v_hat_t) + eps)            # m_hat, v_hat bias-corrected
+      m_t = Pi_W(b1 m_{t-1} + (1 - b1) xi_t)      # moment transport by re-projection
+      v_t = b2 v_{t-1} + (1 - b2) ||xi_t||_F^2     # a scalar per frame
+      out = m_hat_t / (sqrt(v_hat_t) + eps)        # m_hat, v_hat bias-corrected
 
   ``out`` is tangent at ``W`` (the re-projection of the quotient is exact because the
   divisor is a scalar). The scalar moment makes the update ``O(d)``-equivariant
@@ -227,7 +227,8 @@ def elementwise_moment(
     >>> state.nu.shape  # one second moment per entry (the scalar moment keeps (2,))
     (6, 2, 3)
     >>> g = stiefax.geometry.stiefel_tangent(
-    ...     jax.numpy.swapaxes(w, 0, 1), jax.random.normal(jax.random.key(1), (2, 6, 3)))
+    ...     jax.numpy.swapaxes(w, 0, 1),
+    ...     jax.random.normal(jax.random.key(1), (2, 6, 3)))
     >>> step, state = tx.update(jax.numpy.swapaxes(g, 0, 1), state, w)
     >>> bool(stiefax.diagnostics.tangency_error(w, step) < 1e-5)
     True

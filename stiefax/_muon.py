@@ -164,10 +164,10 @@ def manifold_muon(
 
   Per frame ``W`` with Euclidean gradient ``g_t``::
 
-      m_t = Pi_W(beta m_{t-1} + g_t)                     # momentum, transported
+      m_t = Pi_W(beta m_{t-1} + g_t)                 # momentum, transported
       G_t = Pi_W(beta m_t + g_t)  (nesterov)  or  m_t
       A_t = argmax {tr(G_t^T A) : ||A||_2 <= 1, W^T A + A^T W = 0}
-      W  <- R_W(-lr * A_t)                               # a retraction, polar by default
+      W  <- R_W(-lr * A_t)                           # a retraction, polar by default
 
   ``A_t`` comes from :func:`spectral_tangent_direction`: ``iterations`` steps of
   preconditioned dual ascent on Bernstein's dual, warm-started from the previous

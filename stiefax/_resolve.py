@@ -294,7 +294,8 @@ def resolve_labels(params: optax.Params, labels: LabelsLike = None) -> LabelTree
   Example:
     >>> import jax.numpy as jnp
     >>> from stiefax.labels import resolve_labels
-    >>> params = {"query": {"kernel": jnp.zeros((4, 1, 2))}, "mlp": {"kernel": jnp.zeros((4, 4))}}
+    >>> params = {"query": {"kernel": jnp.zeros((4, 1, 2))},
+    ...           "mlp": {"kernel": jnp.zeros((4, 4))}}
     >>> resolve_labels(params)
     {'mlp': {'kernel': 'adamw'}, 'query': {'kernel': 'stiefel'}}
     >>> resolve_labels(jnp.zeros((4, 2)))

@@ -86,7 +86,8 @@ def sphere_project(*, frames: FramesLike = None) -> optax.GradientTransformation
   Example:
     >>> import jax.numpy as jnp, optax, stiefax
     >>> w = jnp.array([3.0, 4.0])
-    >>> out, _ = stiefax.sphere.sphere_project().update(jnp.array([1.0, 0.0]), optax.EmptyState(), w)
+    >>> out, _ = stiefax.sphere.sphere_project().update(
+    ...     jnp.array([1.0, 0.0]), optax.EmptyState(), w)
     >>> out.round(4)                      # (1, 0) - 3/25 (3, 4)
     Array([ 0.64, -0.48], dtype=float32)
 
@@ -399,7 +400,7 @@ def hyperball_adam(*args: Any, **kwargs: Any) -> optax.GradientTransformation:
     >>> import warnings, stiefax
     >>> with warnings.catch_warnings():
     ...   warnings.simplefilter("ignore", DeprecationWarning)
-    ...   tx = stiefax.sphere.hyperball_adam(1.0)   # stiefax.sphere.sphere_adam(1.0)
+    ...   tx = stiefax.sphere.hyperball_adam(1.0)  # stiefax.sphere.sphere_adam(1.0)
 
   Args:
     *args: the positional arguments of :func:`sphere_adam`.

@@ -206,7 +206,8 @@ def retract(
     >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (8, 2, 4))
     >>> tx = stiefax.retract(retraction="qr")
     >>> step = stiefax.geometry.stiefel_tangent(
-    ...     jnp.swapaxes(w, 0, 1), 0.1 * jax.random.normal(jax.random.key(1), (2, 8, 4)))
+    ...     jnp.swapaxes(w, 0, 1),
+    ...     0.1 * jax.random.normal(jax.random.key(1), (2, 8, 4)))
     >>> u, _ = tx.update(jnp.swapaxes(step, 0, 1), tx.init(w), w)
     >>> bool(stiefax.diagnostics.isometry_error(optax.apply_updates(w, u)) < 1e-5)
     True
