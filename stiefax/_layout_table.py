@@ -35,8 +35,9 @@ class Layout(NamedTuple):
     >>> row = layout_of(("attn", "c_attn", "kernel"))
     >>> row.heads, row.partial
     ('num_heads', True)
-    >>> row.frame_spec((-1, 16))   # qk_frames(head_dim=16)
-    FrameSpec(row_axis=0, col_axes=(-1,), split=(1, (3, -1, 16)), select=(1, (0, 1)))
+    >>> spec = row.frame_spec((-1, 16))   # qk_frames(head_dim=16)
+    >>> spec.split, spec.select
+    ((1, (3, -1, 16)), (1, (0, 1)))
 
   Attributes:
     module: the module name, the path entry before ``param``.

@@ -58,7 +58,7 @@ def path_names(path: Sequence[Any]) -> tuple[str, ...]:
   Example:
     >>> import jax
     >>> from stiefax.layouts import path_names
-    >>> path = jax.tree_util.tree_flatten_with_path({"query": {"kernel": 0}})[0][0][0]
+    >>> path = (jax.tree_util.DictKey("query"), jax.tree_util.DictKey("kernel"))
     >>> path_names(path)
     ('query', 'kernel')
 
@@ -115,7 +115,8 @@ def attention_like(params: Any) -> list[tuple[str, tuple[int, ...]]]:
 
   Example:
     >>> import jax.numpy as jnp, stiefax
-    >>> params = {"attn": {"q_lin": {"w": jnp.zeros((8, 8))}}, "mlp": {"w": jnp.zeros((8, 8))}}
+    >>> zeros = jnp.zeros((8, 8))
+    >>> params = {"attn": {"q_lin": {"w": zeros}}, "mlp": {"w": zeros}}
     >>> stiefax.layouts.attention_like(params)
     [('attn/q_lin/w', (8, 8))]
 
@@ -190,7 +191,7 @@ def no_frames_message(who: str, params: Any, label: str = STIEFEL_LABEL) -> str:
     >>> import jax.numpy as jnp
     >>> from stiefax.layouts import no_frames_message
     >>> no_frames_message("project_params", {"mlp": {"kernel": jnp.zeros((4, 4))}})
-    "project_params: no parameter is labelled 'stiefel', so no parameter is a frame ...
+    "project_params: no parameter is labelled 'stiefel', ...
 
   Args:
     who: the name that starts the message.
@@ -316,8 +317,9 @@ def qk_frames(
     >>> import jax, jax.numpy as jnp, stiefax
     >>> frames = stiefax.layouts.qk_frames(head_dim=16)
     >>> path = (jax.tree_util.DictKey("c_attn"), jax.tree_util.DictKey("kernel"))
-    >>> frames(path, jnp.zeros((128, 3 * 128)))
-    FrameSpec(row_axis=0, col_axes=(-1,), split=(1, (3, -1, 16)), select=(1, (0, 1)))
+    >>> spec = frames(path, jnp.zeros((128, 3 * 128)))
+    >>> spec.split, spec.select
+    ((1, (3, -1, 16)), (1, (0, 1)))
 
   Args:
     num_heads: query heads (``q_proj``, ``c_attn``).

@@ -405,10 +405,10 @@ def qr_retract(w: jax.Array, xi: jax.Array) -> jax.Array:
   products over the ``r`` columns (no LAPACK call; safe inside jitted CPU loops).
 
   Example:
-    >>> import jax, jax.numpy as jnp, stiefax
+    >>> import jax.random as jr, stiefax
     >>> from stiefax import geometry
-    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 3))
-    >>> xi = geometry.stiefel_tangent(w, 0.3 * jax.random.normal(jax.random.key(1), (6, 3)))
+    >>> w = stiefax.flax.orthonormal_init()(jr.key(0), (6, 3))
+    >>> xi = geometry.stiefel_tangent(w, 0.3 * jr.normal(jr.key(1), (6, 3)))
     >>> bool(geometry.isometry_residual(geometry.qr_retract(w, xi)) < 1e-5)
     True
 
@@ -476,10 +476,10 @@ def cayley_retract(w: jax.Array, xi: jax.Array, iterations: int = 30) -> jax.Arr
   ``iterations``, which covers condition numbers up to about ``2^(iterations / 2)``.
 
   Example:
-    >>> import jax, jax.numpy as jnp, stiefax
+    >>> import jax.random as jr, stiefax
     >>> from stiefax import geometry
-    >>> w = stiefax.flax.orthonormal_init()(jax.random.key(0), (6, 3))
-    >>> xi = geometry.stiefel_tangent(w, 0.3 * jax.random.normal(jax.random.key(1), (6, 3)))
+    >>> w = stiefax.flax.orthonormal_init()(jr.key(0), (6, 3))
+    >>> xi = geometry.stiefel_tangent(w, 0.3 * jr.normal(jr.key(1), (6, 3)))
     >>> bool(geometry.isometry_residual(geometry.cayley_retract(w, xi)) < 1e-5)
     True
 
