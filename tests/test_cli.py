@@ -216,6 +216,7 @@ def test_help_defaults_are_the_presets():
   for name, preset in grok_config.PRESETS.items():
     c = preset["config"]
     assert f"{name}: {c.epochs}" in text and f"{name}: {c.eval_every}" in text
+    assert f"{name}: {c.frame_lr}" in text
     assert f"{name}: {','.join(preset['arms'])}" in text
   q = grok_config.PRESETS["quick"]["config"]
   assert f"for {q.epochs} epochs (evaluation every {q.eval_every})" in text
@@ -337,6 +338,8 @@ def test_patches_bad_arguments_exit_2_with_one_line(argv, message, tmp_path, cap
     (["grok", "--epochs", "30", "--eval-every", "20"], "not a multiple"),
     (["grok", "--epochs", "0"], "positive integer"),
     (["grok", "--eval-every", "0"], "positive integer"),
+    (["grok", "--frame-lr", "-1"], "--frame-lr -1 must be"),
+    (["grok", "--frame-lr", "nan"], "--frame-lr nan must be"),
   ],
 )
 def test_grok_bad_arguments_are_one_line_errors(capsys, tmp_path, argv, match):

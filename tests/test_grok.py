@@ -251,6 +251,28 @@ def test_stabilize_sets_power_et_al():
   assert grok_command.resolve_config(args)[0] == grok_config.PAPER
 
 
+def test_frame_lr_sets_the_riemannian_rate_and_its_run_command_reruns_it():
+  parser, parsers = cli.build_parser()
+  grok_command.add_arguments(parsers["grok"][0])
+  cfg, _, _ = grok_command.resolve_config(parser.parse_args(["grok", "--frame-lr", "0.3"]))
+  quick = grok_config.QUICK
+  assert cfg == dataclasses.replace(quick, frame_lr=0.3)
+  assert grok_runs.run_identity(cfg, "B2", "quick")["riemannian_lr"] == 0.3
+  name = grok_runs.run_file_name(cfg, "B2", 0, "quick")
+  assert name != grok_runs.run_file_name(quick, "B2", 0, "quick")
+  command = grok_runs.run_command(cfg, "B2", 0, "quick", False, "runs/grok")
+  assert "--frame-lr 0.3 " in command
+  again, _, _ = grok_command.resolve_config(parser.parse_args(command.split()[1:]))
+  assert grok_runs.run_file_name(again, "B2", 0, "quick") == name
+  # The preset's own rate is left out of the command, as before the flag existed.
+  assert "--frame-lr" not in grok_runs.run_command(quick, "B2", 0, "quick", False, "o")
+  # B2's frames move by the rate given: twice the rate, twice the first step.
+  _, u1 = _first_update(dataclasses.replace(quick, warmup=0, frame_lr=0.01), "B2", 1.0)
+  _, u2 = _first_update(dataclasses.replace(quick, warmup=0, frame_lr=0.02), "B2", 1.0)
+  k1, k2 = (np.abs(u["attn"]["query"]["kernel"]).max() for u in (u1, u2))
+  np.testing.assert_allclose(k2, 2 * k1, rtol=0.05)
+
+
 # ----------------------------------------------------------------------------
 # The command line, end to end.
 # ----------------------------------------------------------------------------

@@ -170,6 +170,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     help=f"epochs between evaluations ({per_preset(lambda p: p['config'].eval_every)})",
   )
   parser.add_argument(
+    "--frame-lr",
+    type=float,
+    default=None,
+    help="frame_lr, the frames' rate at the AdamW peak for the arms with the Riemannian"
+    " Adam (B2 and its variants; the other frame rules keep their arm's rate)"
+    f" ({per_preset(lambda p: p['config'].frame_lr)})",
+  )
+  parser.add_argument(
     "--out", default="runs/grok", help="directory for one JSON file per run (default: runs/grok)"
   )
   parser.add_argument(
@@ -220,6 +228,11 @@ def resolve_config(args: argparse.Namespace) -> tuple[GrokConfig, list[str], lis
     changes["epochs"] = args.epochs
   if args.eval_every is not None:
     changes["eval_every"] = args.eval_every
+  if args.frame_lr is not None:
+    problem = flags.optimizer_problem("learning_rate", args.frame_lr)
+    if problem is not None:
+      raise CommandError(f"--frame-lr {args.frame_lr:g} {problem}.")
+    changes["frame_lr"] = args.frame_lr
   if args.stabilize:
     changes.update(STABILIZED)
   config = dataclasses.replace(config, **changes)

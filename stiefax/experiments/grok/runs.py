@@ -18,6 +18,7 @@ from stiefax.experiments import store
 from stiefax.experiments.arms import Arm
 from stiefax.experiments.grok import collapses
 from stiefax.experiments.grok.config import ARMS
+from stiefax.experiments.grok.config import PRESETS
 from stiefax.experiments.grok.config import RECORDED_NAMES
 from stiefax.experiments.grok.config import GrokConfig
 from stiefax.experiments.grok.config import recorded
@@ -79,6 +80,8 @@ def run_command(
   config: GrokConfig, arm: str, seed: int, preset: str, stabilize: bool, out: object
 ) -> str:
   """The ``stiefax grok`` command line that reruns (or resumes) exactly this run."""
+  preset_config = PRESETS[preset]["config"] if preset in PRESETS else None
+  own_frame_lr = preset_config is None or config.frame_lr != preset_config.frame_lr
   return " ".join(
     [
       "stiefax",
@@ -94,6 +97,7 @@ def run_command(
       "--seeds",
       str(seed),
     ]
+    + (["--frame-lr", repr(config.frame_lr)] if own_frame_lr else [])
     + (["--stabilize"] if stabilize else [])
     + ["--out", shlex.quote(str(out))]
   )
