@@ -205,8 +205,12 @@ def test_the_report_of_a_whole_study_three(study3, tmp_path):
   text = tables.report(groups["lm"], tmp_path / "plots")
   small_part, large_part = text.split("study 3, the larger model")
   grid = small_part.split("each arm's grid")[1].split("\n\n")[0]
-  rows = {ln.split()[0]: ln for ln in grid.splitlines()[3:]}
-  assert "0.01*: " in rows["AdamH"] and rows["AdamH"].endswith("final, best inside")
+  rows: dict[str, str] = {}  # each arm's row, its continuation lines joined to it
+  arm = ""
+  for ln in grid.splitlines()[5:]:
+    arm = arm if ln.startswith(" ") else ln.split()[0]
+    rows[arm] = rows.get(arm, "") + ln
+  assert "0.01*: " in rows["AdamH"] and rows["AdamH"].split()[1:3] == ["matrix", "inside"]
   assert "0.03*: " in rows["MuonH"] and "0.09: " in rows["MuonH"]  # extended once above
   budget = small_part.split("tuning budget")[1].split("\n\n")[0]
   row = {ln.split()[0]: ln.split() for ln in budget.splitlines()[3:]}
@@ -237,7 +241,8 @@ def test_an_open_grid_is_reported_as_open_and_other_settings_are_left_out(tmp_pa
   groups, _ = report_lib.load_runs(tmp_path)
   text = tables.report(groups["lm"], None)
   grid = text.split("each arm's grid")[1].split("\n\n")[0]
-  assert "0.003: -; 0.01: 1.800; 0.03: -" in grid and grid.endswith("open")
+  (row,) = [ln for ln in grid.splitlines() if ln.startswith("AdamH ")]
+  assert row.split()[1:3] == ["matrix", "open"] and row.endswith("0.003: -; 0.01: 1.800; 0.03: -")
   assert "at its best rate" not in text
 
 
@@ -252,3 +257,46 @@ def test_study_twos_open_edge_is_closed_by_study_threes_run_below_it():
   assert low is not None and best is not None and low > best
   doc = (root / "docs" / "lm.md").read_text(encoding="utf-8")
   assert f"0.03, at seeds 0-1: {low:.4f}, above 0.1's\n  {best:.4f}" in doc
+
+
+def _section(lines: list[str], start: str, stop: str) -> str:
+  i = next(k for k, line in enumerate(lines) if line.strip().startswith(start))
+  j = next(k for k, line in enumerate(lines) if k > i and line.strip().startswith(stop))
+  return "\n".join(lines[i:j]).rstrip()
+
+
+def test_the_small_models_grids_on_the_page_are_the_runs():
+  """docs/lm.md, study 3's small-model grids: the quoted tables and every number of the
+  words under them, from results/lm-norms."""
+  import pathlib
+
+  from tests import columns
+
+  root = pathlib.Path(__file__).resolve().parents[1]
+  folder = root / "results" / "lm-norms"
+  groups, _ = report_lib.load_runs(folder)
+  lines = norms_tables.report(groups["lm"], None)
+  doc = (root / "docs" / "lm.md").read_text(encoding="utf-8")
+  page = doc.split("### The small model's grids")[1]
+  for start, stop in (("each arm's grid", "tuning budget"), ("learning-rate", "each arm at")):
+    quoted = columns.fit(_section(lines, start, stop))
+    assert f"```\n{quoted}\n```" in page, quoted
+  words = " ".join(page.split("```")[-1].split())
+  small = norms_tables.grids(groups["lm"])[norms.SMALL_PRESET]
+  assert all(g.final and not g.at_edge for g in small.values())
+  best = {arm: g.mean(g.best) for arm, g in small.items()}
+  muon, qk, a2 = best["Muon"], best["A2-qknorm"], best["A2"]
+  assert muon == min(best.values())
+  assert f"Muon's best cell (matrix rate {small['Muon'].best:g}: {muon:.3f})" in words
+  assert f"{qk - muon:.3f} below A2-qknorm's best ({small['A2-qknorm'].best:g}: {qk:.3f})" in words
+  assert f"{a2 - muon:.3f} below A2's ({small['A2'].best:g}: {a2:.3f})" in words
+  below = [arm for arm in best if arm not in ("Muon", "A2-qknorm") and best[arm] < qk]
+  assert below == ["MuonH"] and f"MuonH's best ({best['MuonH']:.3f}) is the only other" in words
+  rest = ("AdamH-qknorm", "AdamH", "B2-H", "SphereAdam")
+  assert sorted(rest, key=best.get) == list(rest) and min(best[a] for a in rest) > a2
+  assert "end above A2's: " + ", ".join(f"{a} {best[a]:.3f}" for a in rest) + "." in words
+  assert lm_grid.norms_large_arms(folder, data.load().facts) == ["A2", "A2-qknorm", "Muon"]
+  assert "(A2, A2-qknorm and Muon, the one arm within 0.01 of the best)" in words
+  a2_grid, qk_grid = small["A2"].rates, small["AdamH-qknorm"].rates
+  assert f"A2's nine rates cover {a2_grid[0]:g}-{a2_grid[-1]:g}" in words and len(a2_grid) == 9
+  assert f"AdamH-qknorm's three {qk_grid[0]:g}-{qk_grid[-1]:g}" in words and len(qk_grid) == 3

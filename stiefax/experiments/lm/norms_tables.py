@@ -152,20 +152,21 @@ def _swept_name(arm: str) -> str:
 
 
 def _state(g: Grid) -> str:
+  """``inside`` (final, its best inside), ``open``, or ``low edge``/``high edge``."""
   if not g.final:
     return "open"
   if g.at_edge:
-    side = "low" if g.best == g.rates[0] else "high"
-    return f"best at the {side} edge (limit of {norms.MAX_EXTENSIONS} reached)"
-  return "final, best inside"
+    return f"{'low' if g.best == g.rates[0] else 'high'} edge"
+  return "inside"
 
 
 def _rate(x: Optional[float]) -> str:
   return num(x, ".3g")
 
 
-#: Rates per line of the grid table (an arm with more continues on the next line).
-_PER_LINE = 4
+#: Rates per line of the grid table (an arm with more continues on the next line), so
+#: that the table fits a page's 80-character code column.
+_PER_LINE = 3
 
 
 def _grid_table(model: dict[str, Grid]) -> list[str]:
@@ -178,14 +179,16 @@ def _grid_table(model: dict[str, Grid]) -> list[str]:
         [
           arm if first else "",
           _swept_name(arm) if first else "",
-          "; ".join(shown[i : i + _PER_LINE]),
           _state(g) if first else "",
+          "; ".join(shown[i : i + _PER_LINE]),
         ]
       )
   return [
-    "  each arm's grid: final validation loss, bits per byte, mean over seeds 0-1, at each",
-    "  rate of its swept rate ('-': a seed is missing; *: its best)",
-    table(["arm", "swept", "rate: loss", "grid"], rows),
+    "  each arm's grid: final validation loss, bits per byte, mean over seeds 0-1, at",
+    "  each rate of its swept rate ('-': a seed is missing; *: its best). grid:",
+    "  inside (final, its best inside), open (rates left to run), low or high edge",
+    f"  (its best at that edge after the {norms.MAX_EXTENSIONS} added rates the protocol allows)",
+    table(["arm", "swept", "grid", "rate: loss"], rows),
     "",
   ]
 
@@ -236,8 +239,9 @@ def _sensitivity_table(model: dict[str, Grid]) -> list[str]:
     sens = f"{float(np.mean(vals)) - top:.3f} ({len(vals)})"
     rows.append([arm, sens, _excess(g, i - 1, top), _excess(g, i + 1, top)])
   return [
-    "  learning-rate sensitivity: mean over the grid of loss - best loss (Wortsman et",
-    "  al.; (n) rates), and the excess loss at the grid's rates next to the best (rate)",
+    "  learning-rate sensitivity: mean over the grid of loss - best loss (Wortsman",
+    "  et al.; (n) rates), and the excess loss at the grid's rates next to the best",
+    "  (rate)",
     table(["arm", "sensitivity (n)", "next lower", "next higher"], rows),
     "",
   ]
