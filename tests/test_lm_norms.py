@@ -300,3 +300,29 @@ def test_the_small_models_grids_on_the_page_are_the_runs():
   a2_grid, qk_grid = small["A2"].rates, small["AdamH-qknorm"].rates
   assert f"A2's nine rates cover {a2_grid[0]:g}-{a2_grid[-1]:g}" in words and len(a2_grid) == 9
   assert f"AdamH-qknorm's three {qk_grid[0]:g}-{qk_grid[-1]:g}" in words and len(qk_grid) == 3
+
+
+def test_the_first_verdicts_on_the_page_are_the_runs():
+  """docs/lm.md, study 3's first verdicts: AdamH's and AdamH-qknorm's rows of the
+  report's paired tables, six seeds each, and the words under them."""
+  import pathlib
+  import re
+
+  root = pathlib.Path(__file__).resolve().parents[1]
+  groups, _ = report_lib.load_runs(root / "results" / "lm-norms")
+  lines = "\n".join(norms_tables.report(groups["lm"], None)).splitlines()
+  page = (root / "docs" / "lm.md").read_text(encoding="utf-8")
+  page = page.split("### The first verdicts of the small model")[1]
+  words = " ".join(page.split())
+  for base in ("A2", "A2-qknorm"):
+    i = next(k for k, line in enumerate(lines) if line.strip().startswith(f"against {base}:"))
+    for arm in ("AdamH", "AdamH-qknorm"):
+      row = next(ln for ln in lines[i:] if ln.startswith(f"{arm} - {base} "))
+      cells = re.split(r"\s{2,}", row.strip())
+      assert cells[1].endswith("(6)") and cells[-1] == "worse", cells
+      assert "| " + " | ".join(cells) + " |" in page
+      delta = float(cells[1].split()[0])
+      vs = "above A2" if base == "A2" else "and"
+      assert f"{delta:.3f}" in words and vs in words
+  assert "AdamH ends 0.048 bits per byte above A2 and 0.056 above A2-qknorm" in words
+  assert "AdamH-qknorm 0.024 and 0.033." in words
