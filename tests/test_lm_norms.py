@@ -303,8 +303,8 @@ def test_the_small_models_grids_on_the_page_are_the_runs():
 
 
 def test_the_first_verdicts_on_the_page_are_the_runs():
-  """docs/lm.md, study 3's first verdicts: AdamH's and AdamH-qknorm's rows of the
-  report's paired tables, six seeds each, and the words under them."""
+  """docs/lm.md, study 3's first verdicts: the rows of the report's paired tables for
+  the arms with six seeds, and every number and verdict of the words under them."""
   import pathlib
   import re
 
@@ -314,15 +314,25 @@ def test_the_first_verdicts_on_the_page_are_the_runs():
   page = (root / "docs" / "lm.md").read_text(encoding="utf-8")
   page = page.split("### The first verdicts of the small model")[1]
   words = " ".join(page.split())
+  delta, verdict = {}, {}
   for base in ("A2", "A2-qknorm"):
     i = next(k for k, line in enumerate(lines) if line.strip().startswith(f"against {base}:"))
-    for arm in ("AdamH", "AdamH-qknorm"):
+    for arm in ("AdamH", "AdamH-qknorm", "Muon", "MuonH"):
       row = next(ln for ln in lines[i:] if ln.startswith(f"{arm} - {base} "))
       cells = re.split(r"\s{2,}", row.strip())
-      assert cells[1].endswith("(6)") and cells[-1] == "worse", cells
+      assert cells[1].endswith("(6)"), cells
       assert "| " + " | ".join(cells) + " |" in page
-      delta = float(cells[1].split()[0])
-      vs = "above A2" if base == "A2" else "and"
-      assert f"{delta:.3f}" in words and vs in words
-  assert "AdamH ends 0.048 bits per byte above A2 and 0.056 above A2-qknorm" in words
-  assert "AdamH-qknorm 0.024 and 0.033." in words
+      delta[arm, base], verdict[arm, base] = float(cells[1].split()[0]), cells[-1]
+  for arm in ("AdamH", "AdamH-qknorm"):
+    assert verdict[arm, "A2"] == verdict[arm, "A2-qknorm"] == "worse"
+  assert verdict["Muon", "A2"] == verdict["Muon", "A2-qknorm"] == "better"
+  assert verdict["MuonH", "A2"] == verdict["MuonH", "A2-qknorm"] == "not settled"
+  d = {k: f"{abs(v):.3f}" for k, v in delta.items()}
+  assert (
+    f"AdamH ends {d['AdamH', 'A2']} bits per byte above A2 and {d['AdamH', 'A2-qknorm']}"
+    f" above A2-qknorm; AdamH-qknorm {d['AdamH-qknorm', 'A2']} and"
+    f" {d['AdamH-qknorm', 'A2-qknorm']}: both worse." in words
+  )
+  assert f"ends {d['Muon', 'A2']} below A2 and {d['Muon', 'A2-qknorm']} below A2-qknorm" in words
+  assert f"(-{d['MuonH', 'A2']} and -{d['MuonH', 'A2-qknorm']}) are not settled" in words
+  assert all(delta["MuonH", b] < 0 for b in ("A2", "A2-qknorm"))
