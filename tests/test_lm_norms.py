@@ -306,9 +306,9 @@ def test_the_small_models_grids_on_the_page_are_the_runs():
   assert f"AdamH-qknorm's three {qk_grid[0]:g}-{qk_grid[-1]:g}" in words and len(qk_grid) == 3
 
 
-def test_the_first_verdicts_on_the_page_are_the_runs():
-  """docs/lm.md, study 3's first verdicts: the rows of the report's paired tables for
-  the arms with six seeds, and every number and verdict of the words under them."""
+def test_the_small_models_verdicts_on_the_page_are_the_runs():
+  """docs/lm.md, study 3's small-model verdicts: every row of the report's two paired
+  tables, and every number and verdict of the words under them."""
   import pathlib
   import re
 
@@ -316,27 +316,43 @@ def test_the_first_verdicts_on_the_page_are_the_runs():
   groups, _ = report_lib.load_runs(root / "results" / "lm-norms")
   lines = "\n".join(norms_tables.report(groups["lm"], None)).splitlines()
   page = (root / "docs" / "lm.md").read_text(encoding="utf-8")
-  page = page.split("### The first verdicts of the small model")[1]
-  words = " ".join(page.split())
+  page = page.split("### The small model's verdicts")[1].split("\n### ")[0]
+  words = " ".join(page.split("|")[-1].split())
   delta, verdict = {}, {}
   for base in ("A2", "A2-qknorm"):
     i = next(k for k, line in enumerate(lines) if line.strip().startswith(f"against {base}:"))
-    for arm in ("AdamH", "AdamH-qknorm", "Muon", "MuonH"):
+    for arm in norms.ARMS:
+      if arm == base:
+        continue
       row = next(ln for ln in lines[i:] if ln.startswith(f"{arm} - {base} "))
       cells = re.split(r"\s{2,}", row.strip())
       assert cells[1].endswith("(6)"), cells
       assert "| " + " | ".join(cells) + " |" in page
       delta[arm, base], verdict[arm, base] = float(cells[1].split()[0]), cells[-1]
-  for arm in ("AdamH", "AdamH-qknorm"):
-    assert verdict[arm, "A2"] == verdict[arm, "A2-qknorm"] == "worse"
-  assert verdict["Muon", "A2"] == verdict["Muon", "A2-qknorm"] == "better"
-  assert verdict["MuonH", "A2"] == verdict["MuonH", "A2-qknorm"] == "not settled"
+  assert page.count("\n| ") == 2 + len(delta)  # the header, its rule and one row each
   d = {k: f"{abs(v):.3f}" for k, v in delta.items()}
+
+  def both(arm):
+    return f"{d[arm, 'A2']} and {d[arm, 'A2-qknorm']}"
+
+  assert verdict["Muon", "A2"] == verdict["Muon", "A2-qknorm"] == "better"
   assert (
-    f"AdamH ends {d['AdamH', 'A2']} bits per byte above A2 and {d['AdamH', 'A2-qknorm']}"
-    f" above A2-qknorm; AdamH-qknorm {d['AdamH-qknorm', 'A2']} and"
-    f" {d['AdamH-qknorm', 'A2-qknorm']}: both worse." in words
+    f"ends {d['Muon', 'A2']} bits per byte below A2 and {d['Muon', 'A2-qknorm']} below" in words
   )
-  assert f"ends {d['Muon', 'A2']} below A2 and {d['Muon', 'A2-qknorm']} below A2-qknorm" in words
-  assert f"(-{d['MuonH', 'A2']} and -{d['MuonH', 'A2-qknorm']}) are not settled" in words
+  assert verdict["MuonH", "A2"] == verdict["MuonH", "A2-qknorm"] == "not settled"
   assert all(delta["MuonH", b] < 0 for b in ("A2", "A2-qknorm"))
+  assert f"(-{d['MuonH', 'A2']} and -{d['MuonH', 'A2-qknorm']}) are not settled" in words
+  worse = ("AdamH-qknorm", "AdamH", "B2-H", "SphereAdam")
+  assert all(verdict[a, b] == "worse" for a in (*worse, "B2") for b in ("A2", "A2-qknorm"))
+  assert sorted(worse, key=lambda a: delta[a, "A2"]) == list(worse)
+  names = dict(zip(worse, ("AdamH-qknorm", "AdamH", "B2-H", "the Riemannian sphere Adam")))
+  listed = ", ".join(f"{names[a]} by {both(a)}" for a in worse[:-1])
+  assert f"{listed}, and {names[worse[-1]]} by {both(worse[-1])}." in words
+  assert f"is worse than both by {both('B2')}" in words
+  assert verdict["A2-qknorm", "A2"] == "no difference"
+  assert f"against A2 (-{d['A2-qknorm', 'A2']}) is no difference" in words
+  assert f"(AdamH) ends {d['AdamH', 'A2']} above A2" in words
+  assert (
+    f"from A2 (-{d['MuonH', 'A2']}) is less than a third of Muon's (-{d['Muon', 'A2']})" in words
+  )
+  assert 3 * abs(delta["MuonH", "A2"]) < abs(delta["Muon", "A2"])

@@ -353,3 +353,33 @@ def test_the_larger_language_model_sentence(readme):
     f" (6 paired seeds each): at both scales measured" in readme
   )
   assert contrast("A2-qknorm", "A2").verdict == "no difference"
+
+
+def test_the_third_language_model_study_sentence(readme):
+  """Study 3's small model (results/lm-norms, preset sweep): Muon better than QK-norm,
+  MuonH not settled, and every other constant-norm arm worse, by the numbers the README
+  gives, each on 6 paired seeds at a best inside its grid."""
+  from stiefax.experiments.lm import norms  # pylint: disable=g-import-not-at-top
+  from stiefax.experiments.lm import norms_tables  # pylint: disable=g-import-not-at-top
+
+  groups, warnings = report_lib.load_runs(ROOT / "results/lm-norms")
+  assert warnings == []
+  small = norms_tables.grids(groups["lm"])[norms.SMALL_PRESET]
+  assert all(g.final and not g.at_edge for g in small.values())
+  lines = norms_tables.report(groups["lm"], None)
+  text = "\n".join(lines).split("study 3, the larger model")[0]
+  block = text.split("against A2-qknorm:")[1].split("\n\n")[0]
+  rows = {}
+  for line in block.splitlines()[4:]:
+    cells = re.split(r"\s{2,}", line.strip())
+    assert cells[1].endswith("(6)"), cells
+    rows[cells[0].removesuffix(" - A2-qknorm")] = (float(cells[1].split()[0]), cells[-1])
+  assert rows["Muon"][1] == "better" and rows["MuonH"][1] == "not settled"
+  constant = ("AdamH", "AdamH-qknorm", "B2-H", "SphereAdam")
+  assert all(rows[a][1] == "worse" for a in constant)
+  lo, hi = min(rows[a][0] for a in constant), max(rows[a][0] for a in constant)
+  assert (
+    f"Optax's Muon on the hidden matrices ends {-rows['Muon'][0]:.3f} bits per byte below"
+    f" QK-norm, Hyperball over Muon's difference ({rows['MuonH'][0]:.3f}) is not settled,"
+    f" and every other constant-norm arm ends {lo:.3f} to {hi:.3f} above QK-norm" in readme
+  )
