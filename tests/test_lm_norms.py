@@ -356,3 +356,70 @@ def test_the_small_models_verdicts_on_the_page_are_the_runs():
     f"from A2 (-{d['MuonH', 'A2']}) is less than a third of Muon's (-{d['Muon', 'A2']})" in words
   )
   assert 3 * abs(delta["MuonH", "A2"]) < abs(delta["Muon", "A2"])
+
+
+def test_the_your_model_muon_recipe_is_the_study_arm_and_its_numbers_are_the_runs():
+  """docs/howto/your-model.md, "Language models": its recipe's updates equal the study's
+  Muon arm at the small model's best cell on the LM's own parameters, and every number
+  of the words above it is the report's."""
+  import pathlib
+  import re
+
+  import jax
+  import optax
+
+  from stiefax.experiments.lm import training
+  from tests import test_recipes
+
+  root = pathlib.Path(__file__).resolve().parents[1]
+  page = (root / "docs" / "howto" / "your-model.md").read_text(encoding="utf-8")
+  section = page.split("## Language models\n")[1].split("\n### QK-norm")[0]
+  (code,) = test_recipes.blocks(section)
+  namespace: dict = {}
+  exec(compile(code, "your-model.md[Muon]", "exec"), namespace)
+  tx = namespace["tx"]
+
+  groups, _ = report_lib.load_runs(root / "results" / "lm-norms")
+  small = norms_tables.grids(groups["lm"])[norms.SMALL_PRESET]
+  cfg = lm_config.PRESETS[norms.SMALL_PRESET]
+  assert (namespace["steps"], namespace["warmup"]) == (cfg.steps, cfg.warmup_steps)
+  best = small["Muon"].best
+  assert f"schedule({best:g})" in code and f"Muon {best:g} of a grid" in section
+  assert f"schedule({norms.REST_LR:g})" in code and f"AdamW {norms.REST_LR:g}, A2's best" in section
+  assert small["A2"].best == norms.REST_LR
+  c = dataclasses.replace(cfg, **{**norms.fixed("Muon", cfg.matrix_lr), "matrix_lr": best})
+  arm = arms.ARMS["Muon"]
+  ours = training.programs(c, arm)
+  params = training.init_params(c, arm, 0)
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(1), len(leaves))
+  grads = [treedef.unflatten([jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)])]
+  grads = [jax.tree.map(lambda g, i=i: g * (1 + i), grads[0]) for i in range(3)]
+  p_doc, p_arm = params, params
+  s_doc, s_arm = tx.init(params), ours.tx.init(params)
+  update_doc, update_arm = jax.jit(tx.update), jax.jit(ours.tx.update)
+  for g in grads:
+    u_doc, s_doc = update_doc(g, s_doc, p_doc)
+    u_arm, s_arm = update_arm(g, s_arm, p_arm)
+    p_doc, p_arm = optax.apply_updates(p_doc, u_doc), optax.apply_updates(p_arm, u_arm)
+  moved = jax.tree.map(lambda a, b: float(abs(a - b).max()), p_arm, params)
+  assert min(jax.tree.leaves(moved)) > 0
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), p_doc, p_arm)
+
+  lines = "\n".join(norms_tables.report(groups["lm"], None)).split("study 3, the larger")[0]
+  delta = {}
+  for base in ("A2", "A2-qknorm"):
+    block = lines.split(f"against {base}:")[1].split("\n\n")[0]
+    for row in block.splitlines()[4:]:
+      cells = re.split(r"\s{2,}", row.strip())
+      delta[cells[0]] = (float(cells[1].split()[0]), cells[-1])
+  words = " ".join(section.split("```")[0].split())
+  muon_q, muon_a = delta["Muon - A2-qknorm"], delta["Muon - A2"]
+  assert muon_q[1] == muon_a[1] == "better"
+  assert (
+    f"ends {-muon_q[0]:.3f} bits per byte below QK-norm and {-muon_a[0]:.3f} below AdamW" in words
+  )
+  adamh, muonh = delta["AdamH - A2-qknorm"], delta["MuonH - A2-qknorm"]
+  assert adamh[1] == "worse" and muonh[1] == "not settled"
+  assert f"(`stiefax.adamh`, {adamh[0]:+.3f}) and is not settled over Muon" in words
+  assert f"(`stiefax.muonh`, {muonh[0]:.3f})" in words
