@@ -114,15 +114,20 @@ def _wrap_cell(head: str, cell: str, width: int) -> list[str]:
   continuation two spaces into the column (a rule is cut to the width)."""
   if _is_dashes(cell):
     return [(head + cell)[:width].rstrip()]
-  pad = " " * len(head)
+  return _at_spaces(cell, width, head, " " * len(head)) or [head.rstrip()]
+
+
+def _at_spaces(text: str, width: int, first: str, indent: str) -> list[str]:
+  """``text`` broken at spaces within ``width``: the first line after ``first``, the
+  others two spaces past ``indent``; no word is ever broken."""
   return textwrap.wrap(
-    cell.strip(),
+    text.strip(),
     width,
-    initial_indent=head,
-    subsequent_indent=pad + "  ",
+    initial_indent=first,
+    subsequent_indent=indent + "  ",
     break_long_words=False,
     break_on_hyphens=False,
-  ) or [head.rstrip()]
+  )
 
 
 def _content(table: list[str], a: int, b: int) -> int:
@@ -135,14 +140,7 @@ def wrap(line: str, width: int = WIDTH) -> list[str]:
   if len(line) <= width or _ROW.search(line):  # a table's row: kept whole
     return [line]
   indent = " " * _indent(line)
-  return textwrap.wrap(
-    line.strip(),
-    width,
-    initial_indent=indent,
-    subsequent_indent=indent + "  ",
-    break_long_words=False,
-    break_on_hyphens=False,
-  )
+  return _at_spaces(line, width, indent, indent)
 
 
 def fit(text: str, width: int = WIDTH) -> str:

@@ -143,20 +143,10 @@ def _make_optimizer(arm: Arm, h: Hyper) -> optax.GradientTransformation:
   if arm.matrices != "adamw":
     return _matrix_optimizer(arm, h)
   if not arm.apart:
-    return optax.adamw(
-      h.adamw_lr,
-      b1=h.b1,
-      b2=h.b2,
-      eps=h.adamw_eps,
-      weight_decay=h.weight_decay,
-      mask=decay_mask,
-    )
+    return _rest(h)
   return stiefax.stiefel_adamw(
     h.adamw_lr,
-    weight_decay=h.weight_decay,
-    b1=h.b1,
-    b2=h.b2,
-    eps=h.adamw_eps,
+    **_adamw_settings(h),
     stiefel=_constant_if_zero(frame_factory(arm, h), h.frame_lr),
     stiefel_learning_rate=h.frame_lr,
     peak_learning_rate=h.peak_lr if callable(h.adamw_lr) else None,
@@ -182,10 +172,14 @@ _FRAMES = "frames"
 _MIXED = "frames+matrix"  # a fused weight holding frames and a matrix (kv_einsum)
 
 
+def _adamw_settings(h: Hyper) -> dict:
+  """AdamW's moments, epsilon and decay, as ``optax.adamw`` and ``stiefel_adamw`` take them."""
+  return {"b1": h.b1, "b2": h.b2, "eps": h.adamw_eps, "weight_decay": h.weight_decay}
+
+
 def _rest(h: Hyper) -> optax.GradientTransformation:
-  return optax.adamw(
-    h.adamw_lr, b1=h.b1, b2=h.b2, eps=h.adamw_eps, weight_decay=h.weight_decay, mask=decay_mask
-  )
+  """``optax.adamw`` at the AdamW rate, decay on the tensors of rank >= 2."""
+  return optax.adamw(h.adamw_lr, **_adamw_settings(h), mask=decay_mask)
 
 
 def matrix_rule(arm: Arm, h: Hyper, frames: Any = None) -> optax.GradientTransformation:
