@@ -414,6 +414,7 @@ def test_the_your_model_muon_recipe_is_the_study_arm_and_its_numbers_are_the_run
       cells = re.split(r"\s{2,}", row.strip())
       delta[cells[0]] = (float(cells[1].split()[0]), cells[-1])
   words = " ".join(section.split("```")[0].split())
+  _the_other_pages_say_the_same(root, delta)
   muon_q, muon_a = delta["Muon - A2-qknorm"], delta["Muon - A2"]
   assert muon_q[1] == muon_a[1] == "better"
   assert (
@@ -423,3 +424,25 @@ def test_the_your_model_muon_recipe_is_the_study_arm_and_its_numbers_are_the_run
   assert adamh[1] == "worse" and muonh[1] == "not settled"
   assert f"(`stiefax.adamh`, {adamh[0]:+.3f}) and is not settled over Muon" in words
   assert f"(`stiefax.muonh`, {muonh[0]:.3f})" in words
+
+
+def _the_other_pages_say_the_same(root, delta):
+  """docs/index.md ("When it helps") and docs/optimizers.md (Hyperball's section) quote
+  the small model's contrasts against QK-norm: each number and verdict is the report's."""
+  q = {k.removesuffix(" - A2-qknorm"): v for k, v in delta.items() if k.endswith("A2-qknorm")}
+  assert q["Muon"][1] == "better" and q["MuonH"][1] == "not settled"
+  assert q["AdamH"][1] == q["SphereAdam"][1] == "worse"
+  index = " ".join((root / "docs" / "index.md").read_text(encoding="utf-8").split())
+  assert (
+    f"Optax's Muon on every hidden matrix beats QK-norm by {-q['Muon'][0]:.3f} bits per byte,"
+    f" while holding every hidden matrix at its norm is not shown to help (Hyperball over Adam"
+    f" ends {q['AdamH'][0]:.3f} above QK-norm; over Muon, {q['MuonH'][0]:.3f}, not settled;"
+    " 6 paired seeds each)" in index
+  )
+  optimizers = " ".join((root / "docs" / "optimizers.md").read_text(encoding="utf-8").split())
+  assert (
+    f"against QK-norm, AdamH ends {q['AdamH'][0]:.3f} bits per byte above (worse), MuonH"
+    f" {q['MuonH'][0]:.3f} (not settled) and the sphere Adam {q['SphereAdam'][0]:.3f} above"
+    f" (worse), 6 paired seeds each; Optax's Muon without the sphere ends"
+    f" {-q['Muon'][0]:.3f} below (better)." in optimizers
+  )
