@@ -369,12 +369,11 @@ def test_the_your_model_muon_recipe_is_the_study_arm_and_its_numbers_are_the_run
   import optax
 
   from stiefax.experiments.lm import training
-  from tests import test_recipes
 
   root = pathlib.Path(__file__).resolve().parents[1]
   page = (root / "docs" / "howto" / "your-model.md").read_text(encoding="utf-8")
   section = page.split("## Language models\n")[1].split("\n### QK-norm")[0]
-  (code,) = test_recipes.blocks(section)
+  (code,) = re.findall(r"^```python\n(.*?)^```", section, re.DOTALL | re.MULTILINE)
   namespace: dict = {}
   exec(compile(code, "your-model.md[Muon]", "exec"), namespace)
   tx = namespace["tx"]
