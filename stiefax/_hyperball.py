@@ -63,6 +63,9 @@ _ROW_SECOND = frozenset({("q_einsum", "w")})
 #: Names (any path component, case ignored) of the embeddings and output heads, which
 #: :func:`matrix_labels` leaves to AdamW.
 _EMBEDDING_WORDS = ("embed", "wte", "wpe", "lm_head")
+# A leaf with one of these names is a bias or a norm's gain whatever its rank: linen's
+# attention biases are (heads, head_dim).
+_VECTOR_NAMES = ("bias", "scale")
 
 
 def matrix_frames() -> Callable[[Any, Any], FrameSpec]:
@@ -110,10 +113,11 @@ def matrix_frames() -> Callable[[Any, Any], FrameSpec]:
 def matrix_labels(params: optax.Params) -> Any:
   """:data:`HYPERBALL_LABEL` on the hidden matrices, ``"adamw"`` elsewhere.
 
-  A hidden matrix is a leaf of rank >= 2 none of whose path names contains
-  ``embed``, ``wte``, ``wpe`` or ``lm_head`` (any case): the projections of attention
-  and of the MLP. Embeddings, output heads, vectors (biases, norm scales) and scalars
-  stay with AdamW, as in the paper's AdamH and MuonH.
+  A hidden matrix is a leaf of rank >= 2, not named ``bias`` or ``scale``, none of
+  whose path names contains ``embed``, ``wte``, ``wpe`` or ``lm_head`` (any case): the
+  projections of attention and of the MLP. Embeddings, output heads, biases (linen's
+  attention biases are ``(heads, head_dim)`` too), norm scales, other vectors and
+  scalars stay with AdamW, as in the paper's AdamH and MuonH.
 
   Example:
     >>> import jax.numpy as jnp
@@ -134,7 +138,9 @@ def matrix_labels(params: optax.Params) -> Any:
   def label(path: Any, leaf: Any) -> str:
     names = [n.lower() for n in path_names(path)]
     embedding = any(w in n for n in names for w in _EMBEDDING_WORDS)
-    return HYPERBALL_LABEL if jnp.ndim(leaf) >= 2 and not embedding else REST_LABEL
+    vector = bool(names) and names[-1] in _VECTOR_NAMES
+    hidden = jnp.ndim(leaf) >= 2 and not embedding and not vector
+    return HYPERBALL_LABEL if hidden else REST_LABEL
 
   return jax.tree_util.tree_map_with_path(label, params)
 

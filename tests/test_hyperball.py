@@ -216,6 +216,31 @@ def test_adamh_labels_hidden_matrices_and_leaves_embeddings_to_adamw(rng):
   np.testing.assert_allclose(np.asarray(step), -1e-2, rtol=1e-4)  # AdamW's first step
 
 
+def test_linen_attention_biases_and_gains_are_not_hidden_matrices():
+  """linen's attention biases are (heads, head_dim) and a LayerNorm over two axes has a
+  rank-2 scale: matrix_labels leaves them to AdamW, and labels each kernel a matrix."""
+  import flax.linen as nn
+
+  class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      x = nn.LayerNorm(reduction_axes=(-2, -1), feature_axes=(-2, -1))(x)
+      x = x + nn.MultiHeadDotProductAttention(num_heads=2)(x)
+      return nn.Dense(4, name="lm_head")(nn.Dense(16)(x))
+
+  params = Block().init(jax.random.key(0), jnp.zeros((1, 3, 8)))["params"]
+  labels = stiefax.labels.matrix_labels(params)
+  attn = labels["MultiHeadDotProductAttention_0"]
+  assert params["MultiHeadDotProductAttention_0"]["query"]["bias"].shape == (2, 4)
+  assert params["LayerNorm_0"]["scale"].shape == (3, 8)
+  for part in ("query", "key", "value", "out"):
+    assert attn[part]["kernel"] == stiefax.labels.HYPERBALL_LABEL, part
+    assert attn[part]["bias"] == "adamw", part
+  assert labels["LayerNorm_0"] == {"scale": "adamw", "bias": "adamw"}
+  assert labels["Dense_0"] == {"kernel": stiefax.labels.HYPERBALL_LABEL, "bias": "adamw"}
+  assert labels["lm_head"] == {"kernel": "adamw", "bias": "adamw"}
+
+
 def test_works_under_optax_wrappers_jit_and_donation(rng):
   params = _params(rng)
   g = jax.tree.map(jnp.ones_like, params)
