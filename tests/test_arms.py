@@ -12,22 +12,7 @@ from stiefax.experiments import optim
 from stiefax.experiments.grok import config as grok_config
 from stiefax.experiments.lm import config as lm_config
 from stiefax.experiments.patches import config as patches_config
-
-
-def _params():
-  """Two (d, H, r) frame kernels, a value kernel, a dense matrix and a bias."""
-  init = stiefax.flax.orthonormal_init()
-  k = jax.random.split(jax.random.key(0), 4)
-  return {
-    "params": {
-      "attn": {
-        "query": {"kernel": init(k[0], (8, 2, 4))},
-        "key": {"kernel": init(k[1], (8, 2, 4))},
-        "value": {"kernel": 0.3 * jax.random.normal(k[2], (8, 2, 4))},
-      },
-      "dense": {"kernel": jax.random.normal(k[3], (8, 8)), "bias": jnp.ones(8)},
-    }
-  }
+from tests import kernels
 
 
 def test_one_arm_per_name_across_commands():
@@ -55,7 +40,7 @@ def test_a_bad_frame_rule_is_a_one_line_error():
 
 
 def test_decay_mask_is_rank_two_and_up():
-  mask = optim.decay_mask(_params())["params"]
+  mask = optim.decay_mask(kernels.toy_params())["params"]
   assert mask["dense"]["kernel"] and mask["attn"]["query"]["kernel"]
   assert not mask["dense"]["bias"]
 
@@ -70,7 +55,7 @@ def test_every_arm_builds_a_working_optimizer(name):
     matrix_lr=0.02,
   )
   tx = optim.make_optimizer(arm, h)
-  params = _params()
+  params = kernels.toy_params()
   # Zero gradient: only decoupled decay acts, -lr * wd * w, on the rank >= 2 non-frames.
   zero = jax.tree.map(jnp.zeros_like, params)
   u, _ = tx.update(zero, tx.init(params), params)

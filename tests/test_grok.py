@@ -26,6 +26,7 @@ from stiefax.experiments.grok import runs as grok_runs
 from stiefax.experiments.grok import training as grok_training
 from tests import columns
 from tests import harness
+from tests import kernels
 
 TINY = harness.TINY_GROK
 
@@ -159,24 +160,8 @@ def test_arms_share_circuit_init_and_differ_in_frames():
   assert not np.allclose(emb(other_seed), emb(a2))
 
 
-def _toy_params():
-  """A small linen-style tree: two frame kernels, a value kernel, a dense layer."""
-  init = stiefax.flax.orthonormal_init()
-  k = jax.random.split(jax.random.key(0), 4)
-  return {
-    "params": {
-      "attn": {
-        "query": {"kernel": init(k[0], (8, 2, 4))},
-        "key": {"kernel": init(k[1], (8, 2, 4))},
-        "value": {"kernel": 0.3 * jax.random.normal(k[2], (8, 2, 4))},
-      },
-      "dense": {"kernel": jax.random.normal(k[3], (8, 8)), "bias": jax.numpy.ones(8)},
-    }
-  }
-
-
 def _first_update(config, arm, grad_value):
-  params = _toy_params()
+  params = kernels.toy_params()
   tx = optim.make_optimizer(grok_config.ARMS[arm], grok_config.hyper(grok_config.ARMS[arm], config))
   grads = jax.tree.map(lambda w: jax.numpy.full_like(w, grad_value), params)
   updates, _ = tx.update(grads, tx.init(params), params)
