@@ -233,7 +233,9 @@ def hyperball(
   A matrix whose gradient or base direction is not finite, or whose step cannot be
   represented, keeps its point and counts the step in ``skipped``; the base sees a
   zero gradient for it (its state stays finite). A matrix whose direction is zero
-  keeps its point; a zero matrix (``R = 0``) stays zero.
+  keeps its point. A matrix of norm 0 at ``init`` (with ``radius=None``) is refused in
+  one line naming it: its sphere would have radius 0 and it could never move (a
+  zero-initialised output projection wants ``radius=`` or another transform).
 
   Example:
     >>> import jax, jax.numpy as jnp, optax, stiefax
@@ -275,6 +277,13 @@ def hyperball(
       view = spec.view(w).astype(_cd(w.dtype))
       if radius is None:
         r = _squeeze(_norm(view, axes), axes)
+        if not isinstance(r, jax.core.Tracer) and not bool(jnp.all(r > 0)):
+          raise ValueError(
+            f"{_checks.caller('stiefax.hyperball')}: the matrix at"
+            f" {jax.tree_util.keystr(tuple(path)) or '<root>'} has norm 0 at init, so its"
+            " sphere has radius 0 and it could never move; initialise it nonzero, give"
+            " radius=, or label it for another transform."
+          )
       else:
         batch = tuple(n for i, n in enumerate(view.shape) if i not in axes)
         r = jnp.broadcast_to(jnp.asarray(radius, view.dtype), batch)

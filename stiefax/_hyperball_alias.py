@@ -46,7 +46,8 @@ def _partition(
       )
     return tree
 
-  return optax.partition({HYPERBALL_LABEL: sphere, REST_LABEL: rest}, label_fn)
+  tx = optax.partition({HYPERBALL_LABEL: sphere, REST_LABEL: rest}, label_fn)
+  return _checks.named_init(tx, f"stiefax.{name}")  # its errors name adamh / muonh
 
 
 def _rest(

@@ -186,6 +186,28 @@ def test_vectors_are_refused_with_one_line():
   assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("name", ["hyperball", "adamh", "muonh"])
+def test_a_zero_matrix_at_init_is_refused_with_one_line(rng, name):
+  """A zero-initialised matrix would sit on a sphere of radius 0 for ever: the error
+  names the function called and the parameter; with radius= it trains."""
+  params = {"out": {"w": jnp.zeros((8, 4))}, "up": {"w": jnp.asarray(rng.normal(size=(8, 4)))}}
+  make = {
+    "hyperball": lambda **kw: stiefax.hyperball(optax.scale_by_adam(), 0.1, **kw),
+    "adamh": lambda **kw: stiefax.adamh(0.1, **kw),
+    "muonh": lambda **kw: stiefax.muonh(0.1, **kw),
+  }[name]
+  with pytest.raises(
+    ValueError, match=rf"stiefax.{name}: the matrix at \['out'\]\['w'\] has norm 0"
+  ) as e:
+    make().init(params)
+  assert "\n" not in str(e.value) and "radius=" in str(e.value)
+  jax.jit(make().init)(params)  # traced, the norms are unknown: nothing to refuse
+  tx = make(radius=2.0)
+  g = jax.tree.map(jnp.ones_like, params)
+  new = optax.apply_updates(params, tx.update(g, tx.init(params), params)[0])
+  np.testing.assert_allclose(float(jnp.linalg.norm(new["out"]["w"])), 2.0, rtol=1e-5)
+
+
 def test_adamh_with_no_matrix_says_so():
   with pytest.raises(ValueError, match="no parameter is labelled 'hyperball'"):
     stiefax.adamh(0.1).init({"embedder": {"input_embedding": jnp.zeros((8, 4))}})
