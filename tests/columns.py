@@ -165,3 +165,11 @@ def fit(text: str, width: int = WIDTH) -> str:
       out += wrap(lines[i], width)
       i += 1
   return "\n".join(out)
+
+
+def paired_rows(report: str, base: str) -> dict[str, list[str]]:
+  """The rows of the first "against BASE:" table of a report (its paired contrasts),
+  each row's cells by its first cell ("arm - base")."""
+  block = report.split(f"against {base}:")[1].split("\n\n")[0]
+  rows = (re.split(r"\s{2,}", line.strip()) for line in block.splitlines()[4:])
+  return {cells[0]: cells for cells in rows}

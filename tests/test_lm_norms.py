@@ -19,6 +19,7 @@ from stiefax.experiments.lm import norms_tables
 from stiefax.experiments.lm import runs as lm_runs
 from stiefax.experiments.lm import tables
 from stiefax.experiments.store import write_json
+from tests import columns
 from tests import harness
 
 
@@ -271,8 +272,6 @@ def test_the_small_models_grids_on_the_page_are_the_runs():
   words under them, from results/lm-norms."""
   import pathlib
 
-  from tests import columns
-
   root = pathlib.Path(__file__).resolve().parents[1]
   folder = root / "results" / "lm-norms"
   groups, _ = report_lib.load_runs(folder)
@@ -310,7 +309,6 @@ def test_the_small_models_verdicts_on_the_page_are_the_runs():
   """docs/lm.md, study 3's small-model verdicts: every row of the report's two paired
   tables, and every number and verdict of the words under them."""
   import pathlib
-  import re
 
   root = pathlib.Path(__file__).resolve().parents[1]
   groups, _ = report_lib.load_runs(root / "results" / "lm-norms")
@@ -320,12 +318,11 @@ def test_the_small_models_verdicts_on_the_page_are_the_runs():
   words = " ".join(page.split("|")[-1].split())
   delta, verdict = {}, {}
   for base in ("A2", "A2-qknorm"):
-    i = next(k for k, line in enumerate(lines) if line.strip().startswith(f"against {base}:"))
+    rows = columns.paired_rows("\n".join(lines), base)
     for arm in norms.ARMS:
       if arm == base:
         continue
-      row = next(ln for ln in lines[i:] if ln.startswith(f"{arm} - {base} "))
-      cells = re.split(r"\s{2,}", row.strip())
+      cells = rows[f"{arm} - {base}"]
       assert cells[1].endswith("(6)"), cells
       assert "| " + " | ".join(cells) + " |" in page
       delta[arm, base], verdict[arm, base] = float(cells[1].split()[0]), cells[-1]
@@ -408,10 +405,8 @@ def test_the_your_model_muon_recipe_is_the_study_arm_and_its_numbers_are_the_run
   lines = "\n".join(norms_tables.report(groups["lm"], None)).split("study 3, the larger")[0]
   delta = {}
   for base in ("A2", "A2-qknorm"):
-    block = lines.split(f"against {base}:")[1].split("\n\n")[0]
-    for row in block.splitlines()[4:]:
-      cells = re.split(r"\s{2,}", row.strip())
-      delta[cells[0]] = (float(cells[1].split()[0]), cells[-1])
+    for name, cells in columns.paired_rows(lines, base).items():
+      delta[name] = (float(cells[1].split()[0]), cells[-1])
   words = " ".join(section.split("```")[0].split())
   _the_other_pages_say_the_same(root, delta)
   muon_q, muon_a = delta["Muon - A2-qknorm"], delta["Muon - A2"]

@@ -14,6 +14,7 @@ import tempfile
 import pytest
 
 from stiefax.experiments import report as report_lib
+from tests import columns
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CELLS = ((1, "0.01"), (1, "0.001"), (2, "0.01"), (2, "0.001"))  # the main cell first
@@ -368,10 +369,8 @@ def test_the_third_language_model_study_sentence(readme):
   assert all(g.final and not g.at_edge for g in small.values())
   lines = norms_tables.report(groups["lm"], None)
   text = "\n".join(lines).split("study 3, the larger model")[0]
-  block = text.split("against A2-qknorm:")[1].split("\n\n")[0]
   rows = {}
-  for line in block.splitlines()[4:]:
-    cells = re.split(r"\s{2,}", line.strip())
+  for cells in columns.paired_rows(text, "A2-qknorm").values():
     assert cells[1].endswith("(6)"), cells
     rows[cells[0].removesuffix(" - A2-qknorm")] = (float(cells[1].split()[0]), cells[-1])
   assert rows["Muon"][1] == "better" and rows["MuonH"][1] == "not settled"
