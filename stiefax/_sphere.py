@@ -359,6 +359,8 @@ def sphere_adam(
     max_norm: ``tau`` of the cap ``||eta|| <= tau sqrt(r)`` (before the relative
       scaling); ``None`` drops the cap.
     radius: ``None`` (keep each frame's norm) or the radius of every frame's sphere.
+      A frame of norm 0 at ``init`` could never move unless ``radius`` is given and
+      ``relative=False``; otherwise it is refused in one line naming its leaf.
     frames: how each leaf is grouped into frames (``None``: by its name, see
       :func:`stiefax.layouts.resolve_frames`); vectors are one frame.
     relative: scale each step by ``||W|| / sqrt(r)``, so that the step is an angle.
@@ -386,7 +388,36 @@ def sphere_adam(
   if relative:
     parts.append(_relative_step(frames))
   parts.append(sphere_retract(radius, frames=frames))
-  return optax.chain(*parts)
+  tx = optax.chain(*parts)
+  if radius is not None and not relative:
+    return tx  # a zero frame's first step puts it on the sphere of that radius
+  why = "its sphere keeps radius 0" if radius is None else "its step is relative to its norm"
+
+  def init_fn(params: optax.Params) -> optax.OptState:
+    _refuse_zero_frames("stiefax.sphere.sphere_adam", why, frames, params)
+    return tx.init(params)
+
+  return tx._replace(init=init_fn)
+
+
+def _refuse_zero_frames(name: str, why: str, frames: FramesLike, params: optax.Params) -> None:
+  """Raises, naming the leaf, where a frame of ``params`` has norm 0 and so could never
+  move, for the reason ``why``. Traced parameters have no values to check."""
+
+  def leaf(path: Any, w: Any) -> None:
+    if isinstance(w, jax.core.Tracer):
+      return
+    w = jnp.asarray(w)
+    fr = _leaf_frames(frames, path, w)
+    view = fr.view(w).astype(_cd(w))
+    if not bool(jnp.all(frame_inner(view, view, fr.axes) > 0)):
+      raise ValueError(
+        f"{name}: a frame of {jax.tree_util.keystr(tuple(path)) or '<root>'} has norm 0"
+        f" at init and could never move ({why}); initialise it nonzero or label it for"
+        " another transform."
+      )
+
+  jax.tree_util.tree_map_with_path(leaf, params)
 
 
 def hyperball_adam(*args: Any, **kwargs: Any) -> optax.GradientTransformation:

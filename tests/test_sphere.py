@@ -32,6 +32,29 @@ def test_sphere_update_without_params_is_a_clear_error(name):
     tx.update(w, tx.init(w))
 
 
+def test_sphere_adam_refuses_a_frame_of_norm_0_at_init_naming_its_leaf():
+  """Head 1 of ``q`` is zero: with radius=None its sphere has radius 0, and with
+  relative=True its step is scaled by its norm, 0; either way it would stay at 0
+  whatever the gradient, so it is refused unless a radius is given with
+  relative=False, which puts it on that sphere at the first step."""
+  w = jnp.ones((D, H, R)).at[:, 1, :].set(0.0)
+  params = {"attn": {"q": w}, "bias": jnp.ones((D,))}
+  with pytest.raises(
+    ValueError, match=r"stiefax.sphere.sphere_adam: a frame of \['attn'\]\['q'\] has norm 0"
+  ) as e:
+    sphere.sphere_adam(0.1).init(params)
+  assert "\n" not in str(e.value) and "(its sphere keeps radius 0)" in str(e.value)
+  with pytest.raises(ValueError, match=r"a frame of \['bias'\] has norm 0"):
+    sphere.sphere_adam(0.1).init({"bias": jnp.zeros((D,))})  # a vector is one frame
+  with pytest.raises(ValueError, match="its step is relative to its norm"):
+    sphere.sphere_adam(0.1, radius=2.0).init(params)
+  jax.jit(sphere.sphere_adam(0.1).init)(params)  # traced: nothing known to refuse
+  tx = sphere.sphere_adam(0.1, radius=2.0, relative=False)
+  g = jax.tree.map(jnp.ones_like, params)
+  new = optax.apply_updates(params, tx.update(g, tx.init(params), params)[0])
+  np.testing.assert_allclose(frame_norms(new["attn"]["q"]), [2.0, 2.0], rtol=1e-5)
+
+
 def test_hyperball_keeps_each_frame_norm_over_many_steps(x64, rng):
   w0 = jnp.asarray(rng.standard_normal((D, H, R))) * jnp.array([1.0, 7.0])[None, :, None]
   vec = jnp.asarray(rng.standard_normal((5,)))
