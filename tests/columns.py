@@ -167,9 +167,20 @@ def fit(text: str, width: int = WIDTH) -> str:
   return "\n".join(out)
 
 
+def table_rows(text: str) -> list[list[str]]:
+  """The rows of the first table in ``text`` (a command's output): the lines under its
+  dashed rule up to the first blank one, each split into cells at runs of two spaces."""
+  lines = text.splitlines()
+  start = next(i for i, line in enumerate(lines) if _is_dashes(line)) + 1
+  rows = []
+  for line in lines[start:]:
+    if not line.strip():
+      break
+    rows.append(re.split(r"\s{2,}", line.strip()))
+  return rows
+
+
 def paired_rows(report: str, base: str) -> dict[str, list[str]]:
   """The rows of the first "against BASE:" table of a report (its paired contrasts),
   each row's cells by its first cell ("arm - base")."""
-  block = report.split(f"against {base}:")[1].split("\n\n")[0]
-  rows = (re.split(r"\s{2,}", line.strip()) for line in block.splitlines()[4:])
-  return {cells[0]: cells for cells in rows}
+  return {cells[0]: cells for cells in table_rows(report.split(f"against {base}:")[1])}

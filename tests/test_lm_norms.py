@@ -261,10 +261,12 @@ def test_study_twos_open_edge_is_closed_by_study_threes_run_below_it():
   assert f"0.03, at seeds 0-1: {low:.4f}, above 0.1's\n  {best:.4f}" in doc
 
 
-def _section(lines: list[str], start: str, stop: str) -> str:
+def _section(lines: list[str], start: str, stop: str | None) -> str:
+  """The lines from the first that starts with ``start`` to the next that starts with
+  ``stop`` (``None``: to the end)."""
   i = next(k for k, line in enumerate(lines) if line.strip().startswith(start))
-  j = next(k for k, line in enumerate(lines) if k > i and line.strip().startswith(stop))
-  return "\n".join(lines[i:j]).rstrip()
+  ends = (k for k, line in enumerate(lines) if k > i and stop and line.strip().startswith(stop))
+  return "\n".join(lines[i : next(ends, len(lines))]).rstrip()
 
 
 def test_the_small_models_grids_on_the_page_are_the_runs():
@@ -277,7 +279,7 @@ def test_the_small_models_grids_on_the_page_are_the_runs():
   groups, _ = report_lib.load_runs(folder)
   lines = norms_tables.report(groups["lm"], None)
   doc = (root / "docs" / "lm.md").read_text(encoding="utf-8")
-  page = doc.split("### The small model's grids")[1]
+  page = doc.split("### The small model's grids")[1].split("\n### ")[0]
   for start, stop in (("each arm's grid", "tuning budget"), ("learning-rate", "each arm at")):
     quoted = columns.fit(_section(lines, start, stop))
     assert f"```\n{quoted}\n```" in page, quoted
@@ -439,4 +441,210 @@ def _the_other_pages_say_the_same(root, delta):
     f" {q['MuonH'][0]:.3f} (not settled) and the sphere Adam {q['SphereAdam'][0]:.3f} above"
     f" (worse), 6 paired seeds each; Optax's Muon without the sphere ends"
     f" {-q['Muon'][0]:.3f} below (better)." in optimizers
+  )
+
+
+def _own_runs(root, runs):
+  """``{preset: [run]}`` of study 3's own runs: those whose file is not a copy of study
+  2's (``--reuse results/lm-fair`` copies a file byte for byte)."""
+  folder, fair = root / "results" / "lm-norms", root / "results" / "lm-fair"
+  own: dict = {}
+  for r in runs:
+    name = lm_runs.run_name(r["arm"], r["config"], r["seed"])
+    if (fair / name).is_file() and (fair / name).read_bytes() == (folder / name).read_bytes():
+      continue
+    own.setdefault(r["config"]["preset"], []).append(r)
+  return own
+
+
+def test_the_larger_model_and_the_transfer_on_the_page_are_the_runs():
+  """docs/lm.md, study 3's larger model: the quoted tables (grids, each arm at its best
+  with the paired tables, the transfer), the budget's core-hours and every number of
+  the words under them, from results/lm-norms."""
+  import pathlib
+
+  root = pathlib.Path(__file__).resolve().parents[1]
+  groups, _ = report_lib.load_runs(root / "results" / "lm-norms")
+  lines = "\n".join(norms_tables.report(groups["lm"], None)).splitlines()
+  lines = lines[next(k for k, x in enumerate(lines) if x.startswith("study 3, the larger")) :]
+  page = (root / "docs" / "lm.md").read_text(encoding="utf-8")
+  page = page.split("### The larger model and the transfer")[1].split("\n### ")[0]
+  for start, stop in (
+    ("each arm's grid", "tuning budget"),
+    ("learning-rate", "each arm at its best"),
+    ("each arm at its best", "against A2:"),
+    ("transfer:", None),
+  ):
+    quoted = columns.fit(_section(lines, start, stop))
+    assert f"```\n{quoted}\n```" in page, quoted
+  words = " ".join(page.split("```")[-1].split())
+  head = " ".join(page.split("```")[0].split())
+  every = norms_tables.grids(groups["lm"])
+  small, large = every[norms.SMALL_PRESET], every[norms.LARGE_PRESET]
+  assert list(large) == ["A2", "A2-qknorm", "Muon"]
+  assert all(g.final and not g.at_edge for g in large.values())
+  # The budget: study 3's own runs, and what Muon's seeds 2-5 would have added.
+  own = _own_runs(root, groups["lm"])
+  hours = {p: sum(r["wall_time"] for r in rs) / 3600 for p, rs in own.items()}
+  total = sum(hours.values())
+  muon = [r for r in own[norms.LARGE_PRESET] if r["arm"] == "Muon"]
+  more = 4 * np.mean([r["wall_time"] for r in muon]) / 3600
+  assert total <= 18 < total + more
+  assert not large["Muon"].seeds_at(large["Muon"].best).keys() - {0, 1}
+  assert (
+    f"study 3's own runs took {total:.1f} core-hours: {len(own[norms.SMALL_PRESET])} on the"
+    f" small model ({hours[norms.SMALL_PRESET]:.1f}) and {len(own[norms.LARGE_PRESET])} on"
+    f" the larger one ({hours[norms.LARGE_PRESET]:.1f})" in head
+  )
+  assert (
+    f"Muon's seeds 2-5 there would have taken about {more:.1f} more (four runs at the"
+    f" {np.mean([r['wall_time'] for r in muon]) / 60:.0f} core-minutes its {len(muon)} runs"
+    f" there averaged), {total + more:.1f} in all" in head
+  )
+  # The paired table: every row of the report's two, and nothing else.
+  text = "\n".join(lines)
+  rows = {**columns.paired_rows(text, "A2"), **columns.paired_rows(text, "A2-qknorm")}
+  assert all("| " + " | ".join(cells) + " |" in page for cells in rows.values())
+  assert page.count("\n| ") == 2 + len(rows) == 6
+  # The words under the tables.
+  for arm, below in (("A2", 0.000611), ("A2-qknorm", 0.00111)):
+    low = min(large[arm].rates)
+    assert f"{low:.3g}" == f"{below:g}" and large[arm].mean(low) > large[arm].mean(large[arm].best)
+    assert f"{arm} at {below:g} ({large[arm].mean(low):.3f})" in words
+  qk = rows["A2-qknorm - A2"]
+  assert qk[1].endswith("(6)") and qk[-1] == "no difference"
+  assert f"A2-qknorm against A2 ({qk[1].split()[0]}, 6 paired seeds) is no difference" in words
+  own_best = {arm: g.mean(g.best) for arm, g in large.items()}
+  assert min(own_best, key=own_best.get) == "Muon"
+  assert (
+    f"Muon's best cell ({large['Muon'].best:.3g}: {own_best['Muon']:.3f}) is"
+    f" {own_best['A2-qknorm'] - own_best['Muon']:.3f} below A2-qknorm's"
+    f" ({large['A2-qknorm'].best:.3g}: {own_best['A2-qknorm']:.3f}) and"
+    f" {own_best['A2'] - own_best['Muon']:.3f} below A2's"
+    f" ({large['A2'].best:.3g}: {own_best['A2']:.3f})" in words
+  )
+  m_qk, m_a2 = rows["Muon - A2-qknorm"], rows["Muon - A2"]
+  assert m_qk[1].endswith("(2)") and m_a2[1].endswith("(2)")
+  assert m_qk[-1] == m_a2[-1] == "not settled"
+  d_qk, d_a2 = (-float(c[1].split()[0]) for c in (m_qk, m_a2))
+  assert f"two seeds end {d_qk:.3f} below A2-qknorm and {d_a2:.3f} below A2 on the test" in words
+  for arm in large:  # the transfer: each best one x3 step down, and its gap
+    s, b = small[arm].best, large[arm].best
+    assert round(math.log(b / s, 3)) == -1
+    gap = large[arm].mean(s) - large[arm].mean(b)
+    assert f"{arm} from {s:.3g} to {b:.3g} (+{gap:.3f} at {s:.3g})" in words, (arm, gap)
+  sensitivity = {
+    cells[0]: cells[1].split()[0]
+    for cells in columns.table_rows(_section(lines, "learning-rate", "each arm at its best"))
+  }
+  assert sorted(sensitivity, key=lambda a: float(sensitivity[a]))[0] == "A2-qknorm"
+  assert (
+    f"(sensitivity {sensitivity['A2-qknorm']} over four rates, against Muon's"
+    f" {sensitivity['Muon']} and A2's {sensitivity['A2']};" in words
+  )
+
+
+def test_study_threes_plain_words_are_the_runs():
+  """docs/lm.md, "Study 3 in plain words": every contrast it names, on either model, is
+  the report's (its sign, its verdict, its three decimals), and the transfer's gaps."""
+  import pathlib
+
+  root = pathlib.Path(__file__).resolve().parents[1]
+  groups, _ = report_lib.load_runs(root / "results" / "lm-norms")
+  text = "\n".join(norms_tables.report(groups["lm"], None))
+  small_text, large_text = text.split("study 3, the larger model")
+  page = (root / "docs" / "lm.md").read_text(encoding="utf-8")
+  words = " ".join(page.split("### Study 3 in plain words")[1].split("\n## ")[0].split())
+
+  def contrasts(report):
+    got = {}
+    for base in ("A2", "A2-qknorm"):
+      for name, cells in columns.paired_rows(report, base).items():
+        got[name] = (float(cells[1].split()[0]), int(cells[1].split()[1].strip("()")), cells[-1])
+    return got
+
+  small, large = contrasts(small_text), contrasts(large_text)
+
+  def size(d):
+    return f"{abs(d[0]):.3f}"
+
+  muon_qk, muon_a2 = small["Muon - A2-qknorm"], small["Muon - A2"]
+  assert muon_qk[1:] == muon_a2[1:] == (6, "better") and muon_qk[0] < 0 and muon_a2[0] < 0
+  others = [n for n, c in small.items() if c[2] == "better"]
+  assert sorted(others) == ["Muon - A2", "Muon - A2-qknorm"]
+  assert (
+    f"ends {size(muon_qk)} bits per byte below QK-norm and {size(muon_a2)} below AdamW: better"
+    " than both by both intervals on 6 paired seeds" in words
+  )
+  big_qk, big_a2 = large["Muon - A2-qknorm"], large["Muon - A2"]
+  assert big_qk[1:] == big_a2[1:] == (2, "not settled") and big_qk[0] < 0 and big_a2[0] < 0
+  assert f"its two seeds end {size(big_qk)} below QK-norm and {size(big_a2)} below AdamW" in words
+  for arm, said in (
+    ("AdamH", "(AdamH) is worse than QK-norm by {}"),
+    ("AdamH-qknorm", "AdamH-qknorm, by {})"),
+    ("B2-H", "with AdamH on every other matrix by {};"),
+    ("SphereAdam", "ends furthest above QK-norm, by {};"),
+  ):
+    c = small[f"{arm} - A2-qknorm"]
+    assert c[2] == "worse" and c[0] > 0 and said.format(size(c)) in words, (arm, c)
+  worst = max((c[0], n) for n, c in small.items() if n.endswith(" - A2-qknorm"))
+  assert worst[1] == "SphereAdam - A2-qknorm"
+  muonh = small["MuonH - A2-qknorm"]
+  assert muonh[2] == "not settled" and f"QK-norm, {muonh[0]:.3f}, is not settled" in words
+  b2_qk, b2_a2 = small["B2 - A2-qknorm"], small["B2 - A2"]
+  assert b2_qk[2] == b2_a2[2] == "worse"
+  assert f"worse than QK-norm by {size(b2_qk)} and than AdamW by {size(b2_a2)}" in words
+  qk_small, qk_large = small["A2-qknorm - A2"], large["A2-qknorm - A2"]
+  assert qk_small[1:] == qk_large[1:] == (6, "no difference")
+  assert f"at either scale ({qk_small[0]:.3f} and {qk_large[0]:.3f}, 6 paired seeds each" in words
+  every = norms_tables.grids(groups["lm"])
+  gap = {
+    arm: g.mean(every[norms.SMALL_PRESET][arm].best) - g.mean(g.best)
+    for arm, g in every[norms.LARGE_PRESET].items()
+  }
+  assert (
+    f"cost {gap['A2-qknorm']:.3f} (QK-norm), {gap['Muon']:.3f} (Muon) and {gap['A2']:.3f}"
+    " (AdamW) bits per byte there" in words
+  )
+  assert sorted(gap, key=gap.get) == ["A2-qknorm", "Muon", "A2"]
+  assert not {"AdamH", "MuonH", "AdamH-qknorm", "B2-H"} & set(every[norms.LARGE_PRESET])
+
+
+def test_the_larger_models_answer_on_every_page_is_the_runs():
+  """README, docs/index.md and docs/howto/your-model.md give the larger model's Muon
+  against QK-norm (two seeds, no verdict) and the move of the best rates, as the report
+  has them."""
+  import pathlib
+
+  root = pathlib.Path(__file__).resolve().parents[1]
+  groups, _ = report_lib.load_runs(root / "results" / "lm-norms")
+  text = "\n".join(norms_tables.report(groups["lm"], None)).split("study 3, the larger")[1]
+  cells = columns.paired_rows(text, "A2-qknorm")["Muon - A2-qknorm"]
+  assert cells[1].endswith("(2)") and cells[-1] == "not settled" and cells[1].startswith("-")
+  below = f"{-float(cells[1].split()[0]):.3f}"
+  every = norms_tables.grids(groups["lm"])
+  small, large = every[norms.SMALL_PRESET], every[norms.LARGE_PRESET]
+  steps = {round(math.log(g.best / small[arm].best, 3)) for arm, g in large.items()}
+  assert steps == {-1}
+
+  def read(name):
+    return " ".join((root / name).read_text(encoding="utf-8").split())
+
+  assert (
+    f"On the 4x larger model Muon's two seeds end {below} below QK-norm (no verdict: the budget"
+    " cut its other four), and every arm's best rate there is one x3 step below its"
+    " small-model best" in read("README.md")
+  )
+  assert (
+    f"On the 4x larger model Muon's two seeds end {below} below QK-norm, no verdict (the budget"
+    " cut its other four seeds), and no arm's best rate carried over from the small model"
+    in read("docs/index.md")
+  )
+  muon = large["Muon"]
+  gap = muon.mean(small["Muon"].best) - muon.mean(muon.best)
+  page = read("docs/howto/your-model.md")
+  assert f"Muon's two seeds end {below} below QK-norm: the same direction, and no verdict" in page
+  assert (
+    f"on the larger model its best was {muon.best:g}, one x3 step lower, and"
+    f" {small['Muon'].best:g} cost {gap:.3f} bits per byte there." in page
   )

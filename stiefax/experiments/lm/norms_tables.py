@@ -328,9 +328,9 @@ def _transfer_table(small: dict[str, Grid], large: dict[str, Grid]) -> list[str]
       ]
     )
   return [
-    "  transfer: the larger model's validation loss (mean over seeds 0-1) at the small",
-    "  model's best rate and at its own best; x3 steps the best moved; the gap (0: the",
-    "  small model's rate is the larger model's best)",
+    "  transfer: the larger model's validation loss (mean over seeds 0-1) at the",
+    "  small model's best rate and at its own best; x3 steps the best moved; the gap",
+    "  (0: the small model's rate is the larger model's best)",
     table(
       ["arm", "small best", "large best", "steps", "at small best", "at own best", "gap"],
       rows,
