@@ -339,6 +339,15 @@ def _transfer_table(small: dict[str, Grid], large: dict[str, Grid]) -> list[str]
   ]
 
 
+def _color(arm: str) -> str:
+  """One colour per arm in every figure and panel: its place among study 3's arms."""
+  return f"C{norms.ARMS.index(arm) % 10}" if arm in norms.ARMS else "k"
+
+
+def _model_name(preset: str) -> str:
+  return {norms.SMALL_PRESET: "small model", norms.LARGE_PRESET: "larger model"}.get(preset, preset)
+
+
 def _plots(by_model: dict[str, dict[str, Grid]], out_dir: pathlib.Path) -> list[str]:
   plt = report_lib.pyplot()
   if plt is None:
@@ -346,36 +355,36 @@ def _plots(by_model: dict[str, dict[str, Grid]], out_dir: pathlib.Path) -> list[
   made = []
   fig, axes = plt.subplots(1, len(by_model), figsize=(6 * len(by_model), 4), squeeze=False)
   for ax, (preset, model) in zip(axes[0], by_model.items()):
-    for i, (arm, g) in enumerate(model.items()):
+    for arm, g in model.items():
       pts = [(x, g.mean(x)) for x in g.rates]
       pts = [(x, m) for x, m in pts if m is not None]
       if pts:
         xs, ys = zip(*pts)
         label = f"{arm} ({_swept_name(arm)})"
-        ax.plot(xs, ys, marker="o", label=label, color=f"C{i % 10}")
+        ax.plot(xs, ys, marker="o", label=label, color=_color(arm))
     ax.set_xscale("log")
     ax.set_xlabel("swept peak learning rate")
-    ax.set_title(f"{preset}: loss against each arm's swept rate")
+    ax.set_title(f"{_model_name(preset)}: loss against each arm's swept rate")
+    ax.legend(fontsize=7)
   axes[0][0].set_ylabel("final validation loss (bits/byte)")
-  axes[0][0].legend(fontsize=7)
   fig.tight_layout()
   made.append(report_lib.save_figure(fig, plt, out_dir, "lm_norms_rates.png"))
   for preset, model in by_model.items():
     fig, ax = plt.subplots(figsize=(6, 4))
     ends = []
-    for i, (arm, g) in enumerate(model.items()):
+    for arm, g in model.items():
       hs = [r["history"] for r in _best_seeds(g).values() if not diverged(r)]
       if hs:
         n = min(len(h["val_bpb"]) for h in hs)
         curve = np.asarray(np.mean([h["val_bpb"][:n] for h in hs], axis=0))
-        ax.plot(hs[0]["step"][:n], curve, label=arm, color=f"C{i % 10}")
+        ax.plot(hs[0]["step"][:n], curve, label=f"{arm} ({len(hs)} seeds)", color=_color(arm))
         ends.append(curve)
     if ends and min(len(c) for c in ends) > 2:
       low = min(float(np.min(c)) for c in ends)
       ax.set_ylim(low - 0.05, max(float(c[2]) for c in ends) + 0.05)
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss (bits/byte)")
-    ax.set_title(f"{preset}: each arm at its best rate (mean over seeds)")
+    ax.set_title(f"{_model_name(preset)}: each arm at its best rate (mean over seeds)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     made.append(report_lib.save_figure(fig, plt, out_dir, f"lm_norms_{preset}_best_curves.png"))
