@@ -382,3 +382,10 @@ def test_the_third_language_model_study_sentence(readme):
     f" QK-norm, Hyperball over Muon's difference ({rows['MuonH'][0]:.3f}) is not settled,"
     f" and every other constant-norm arm ends {lo:.3f} to {hi:.3f} above QK-norm" in readme
   )
+  # The first screen's summary: Muon better than both baselines on the small model.
+  against_a2 = columns.paired_rows(text, "A2")["Muon - A2"]
+  assert against_a2[1].endswith("(6)") and against_a2[-1] == "better"
+  assert (
+    "on the smaller of the two models measured Optax's Muon on the hidden matrices beats both"
+    " QK-norm and AdamW" in readme
+  )
