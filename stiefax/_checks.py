@@ -75,6 +75,20 @@ def named_init(tx: optax.GradientTransformation, name: str) -> optax.GradientTra
 _LIBRARY_PREFIXES = ("stiefax.", "jax.", "jaxlib.", "optax.", "flax.", "contextlib")
 
 
+def refuse_zero_norms(
+  name: str, what: str, path: Any, squared_norms: Any, why: str, fix: str
+) -> None:
+  """Raises one line where a norm in ``squared_norms`` (of the leaf at ``path``) is 0 at
+  ``init``, so that it could never move: ``"{name}: {what} {path} has norm 0 at init
+  and could never move ({why}); {fix}."``. Traced norms have no values to check."""
+  if isinstance(squared_norms, jax.core.Tracer) or bool(jnp.all(squared_norms > 0)):
+    return
+  where = jax.tree_util.keystr(tuple(path)) or "<root>"
+  raise ValueError(
+    f"{name}: {what} {where} has norm 0 at init and could never move ({why}); {fix}."
+  )
+
+
 def user_stacklevel() -> int:
   """The ``stacklevel`` that attributes a warning to the first caller outside stiefax,
   JAX, Optax and Flax (the user's line), for a ``warnings.warn`` in the caller of this

@@ -277,13 +277,14 @@ def hyperball(
       view = spec.view(w).astype(_cd(w.dtype))
       if radius is None:
         r = _squeeze(_norm(view, axes), axes)
-        if not isinstance(r, jax.core.Tracer) and not bool(jnp.all(r > 0)):
-          raise ValueError(
-            f"{_checks.caller('stiefax.hyperball')}: the matrix at"
-            f" {jax.tree_util.keystr(tuple(path)) or '<root>'} has norm 0 at init, so its"
-            " sphere has radius 0 and it could never move; initialise it nonzero, give"
-            " radius=, or label it for another transform."
-          )
+        _checks.refuse_zero_norms(
+          _checks.caller("stiefax.hyperball"),
+          "the matrix at",
+          path,
+          r,
+          "its sphere has radius 0",
+          "initialise it nonzero, give radius=, or label it for another transform",
+        )
       else:
         batch = tuple(n for i, n in enumerate(view.shape) if i not in axes)
         r = jnp.broadcast_to(jnp.asarray(radius, view.dtype), batch)

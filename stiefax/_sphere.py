@@ -405,17 +405,17 @@ def _refuse_zero_frames(name: str, why: str, frames: FramesLike, params: optax.P
   move, for the reason ``why``. Traced parameters have no values to check."""
 
   def leaf(path: Any, w: Any) -> None:
-    if isinstance(w, jax.core.Tracer):
-      return
     w = jnp.asarray(w)
     fr = _leaf_frames(frames, path, w)
     view = fr.view(w).astype(_cd(w))
-    if not bool(jnp.all(frame_inner(view, view, fr.axes) > 0)):
-      raise ValueError(
-        f"{name}: a frame of {jax.tree_util.keystr(tuple(path)) or '<root>'} has norm 0"
-        f" at init and could never move ({why}); initialise it nonzero or label it for"
-        " another transform."
-      )
+    _checks.refuse_zero_norms(
+      name,
+      "a frame of",
+      path,
+      frame_inner(view, view, fr.axes),
+      why,
+      "initialise it nonzero or label it for another transform",
+    )
 
   jax.tree_util.tree_map_with_path(leaf, params)
 

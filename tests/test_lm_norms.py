@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import pathlib
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -248,13 +250,28 @@ def test_an_open_grid_is_reported_as_open_and_other_settings_are_left_out(tmp_pa
   assert "at its best rate" not in text
 
 
-def test_study_twos_open_edge_is_closed_by_study_threes_run_below_it():
-  """docs/lm.md, study 2's decisions: B2's frame rate 0.03 (study 3) against 0.1."""
-  import pathlib
+class _Committed(NamedTuple):
+  """Study 3's committed runs, read once for the tests of the pages."""
 
+  root: pathlib.Path
+  runs: list  # results/lm-norms
+  text: str  # their report, as `stiefax report` prints it
+  grids: dict  # norms_tables.grids of the runs
+
+
+@pytest.fixture(scope="module")
+def committed() -> _Committed:
   root = pathlib.Path(__file__).resolve().parents[1]
   groups, _ = report_lib.load_runs(root / "results" / "lm-norms")
-  b2 = norms_tables.grids(groups["lm"])["sweep"]["B2"]
+  runs = groups["lm"]
+  text = "\n".join(norms_tables.report(runs, None))
+  return _Committed(root, runs, text, norms_tables.grids(runs))
+
+
+def test_study_twos_open_edge_is_closed_by_study_threes_run_below_it(committed):
+  """docs/lm.md, study 2's decisions: B2's frame rate 0.03 (study 3) against 0.1."""
+  root = committed.root
+  b2 = committed.grids["sweep"]["B2"]
   low, best = b2.mean(0.03), b2.mean(0.1)
   assert low is not None and best is not None and low > best
   doc = (root / "docs" / "lm.md").read_text(encoding="utf-8")
@@ -269,22 +286,19 @@ def _section(lines: list[str], start: str, stop: str | None) -> str:
   return "\n".join(lines[i : next(ends, len(lines))]).rstrip()
 
 
-def test_the_small_models_grids_on_the_page_are_the_runs():
+def test_the_small_models_grids_on_the_page_are_the_runs(committed):
   """docs/lm.md, study 3's small-model grids: the quoted tables and every number of the
   words under them, from results/lm-norms."""
-  import pathlib
-
-  root = pathlib.Path(__file__).resolve().parents[1]
+  root = committed.root
   folder = root / "results" / "lm-norms"
-  groups, _ = report_lib.load_runs(folder)
-  lines = norms_tables.report(groups["lm"], None)
+  lines = committed.text.splitlines()
   doc = (root / "docs" / "lm.md").read_text(encoding="utf-8")
   page = doc.split("### The small model's grids")[1].split("\n### ")[0]
   for start, stop in (("each arm's grid", "tuning budget"), ("learning-rate", "each arm at")):
     quoted = columns.fit(_section(lines, start, stop))
     assert f"```\n{quoted}\n```" in page, quoted
   words = " ".join(page.split("```")[-1].split())
-  small = norms_tables.grids(groups["lm"])[norms.SMALL_PRESET]
+  small = committed.grids[norms.SMALL_PRESET]
   assert all(g.final and not g.at_edge for g in small.values())
   best = {arm: g.mean(g.best) for arm, g in small.items()}
   muon, qk, a2 = best["Muon"], best["A2-qknorm"], best["A2"]
@@ -299,7 +313,7 @@ def test_the_small_models_grids_on_the_page_are_the_runs():
   assert "end above A2's: " + ", ".join(f"{a} {best[a]:.3f}" for a in rest) + "." in words
   # The committed runs name the corpus they ran on (one Python's standard library); read the
   # arms with those facts, so the check holds under any Python.
-  (corpus,) = {json.dumps(r["config"]["corpus"], sort_keys=True) for r in groups["lm"]}
+  (corpus,) = {json.dumps(r["config"]["corpus"], sort_keys=True) for r in committed.runs}
   assert lm_grid.norms_large_arms(folder, json.loads(corpus)) == ["A2", "A2-qknorm", "Muon"]
   assert "(A2, A2-qknorm and Muon, the one arm within 0.01 of the best)" in words
   a2_grid, qk_grid = small["A2"].rates, small["AdamH-qknorm"].rates
@@ -307,14 +321,11 @@ def test_the_small_models_grids_on_the_page_are_the_runs():
   assert f"AdamH-qknorm's three {qk_grid[0]:g}-{qk_grid[-1]:g}" in words and len(qk_grid) == 3
 
 
-def test_the_small_models_verdicts_on_the_page_are_the_runs():
+def test_the_small_models_verdicts_on_the_page_are_the_runs(committed):
   """docs/lm.md, study 3's small-model verdicts: every row of the report's two paired
   tables, and every number and verdict of the words under them."""
-  import pathlib
-
-  root = pathlib.Path(__file__).resolve().parents[1]
-  groups, _ = report_lib.load_runs(root / "results" / "lm-norms")
-  lines = "\n".join(norms_tables.report(groups["lm"], None)).splitlines()
+  root = committed.root
+  lines = committed.text.splitlines()
   page = (root / "docs" / "lm.md").read_text(encoding="utf-8")
   page = page.split("### The small model's verdicts")[1].split("\n### ")[0]
   words = " ".join(page.split("|")[-1].split())
@@ -357,11 +368,10 @@ def test_the_small_models_verdicts_on_the_page_are_the_runs():
   assert 3 * abs(delta["MuonH", "A2"]) < abs(delta["Muon", "A2"])
 
 
-def test_the_your_model_muon_recipe_is_the_study_arm_and_its_numbers_are_the_runs():
+def test_the_your_model_muon_recipe_is_the_study_arm_and_its_numbers_are_the_runs(committed):
   """docs/howto/your-model.md, "Language models": its recipe's updates equal the study's
   Muon arm at the small model's best cell on the LM's own parameters, and every number
   of the words above it is the report's."""
-  import pathlib
   import re
 
   import jax
@@ -369,7 +379,7 @@ def test_the_your_model_muon_recipe_is_the_study_arm_and_its_numbers_are_the_run
 
   from stiefax.experiments.lm import training
 
-  root = pathlib.Path(__file__).resolve().parents[1]
+  root = committed.root
   page = (root / "docs" / "howto" / "your-model.md").read_text(encoding="utf-8")
   section = page.split("## Language models\n")[1].split("\n### QK-norm")[0]
   (code,) = re.findall(r"^```python\n(.*?)^```", section, re.DOTALL | re.MULTILINE)
@@ -377,8 +387,7 @@ def test_the_your_model_muon_recipe_is_the_study_arm_and_its_numbers_are_the_run
   exec(compile(code, "your-model.md[Muon]", "exec"), namespace)
   tx = namespace["tx"]
 
-  groups, _ = report_lib.load_runs(root / "results" / "lm-norms")
-  small = norms_tables.grids(groups["lm"])[norms.SMALL_PRESET]
+  small = committed.grids[norms.SMALL_PRESET]
   cfg = lm_config.PRESETS[norms.SMALL_PRESET]
   assert (namespace["steps"], namespace["warmup"]) == (cfg.steps, cfg.warmup_steps)
   best = small["Muon"].best
@@ -404,7 +413,7 @@ def test_the_your_model_muon_recipe_is_the_study_arm_and_its_numbers_are_the_run
   assert min(jax.tree.leaves(moved)) > 0
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), p_doc, p_arm)
 
-  lines = "\n".join(norms_tables.report(groups["lm"], None)).split("study 3, the larger")[0]
+  lines = committed.text.split("study 3, the larger")[0]
   delta = {}
   for base in ("A2", "A2-qknorm"):
     for name, cells in columns.paired_rows(lines, base).items():
@@ -457,15 +466,12 @@ def _own_runs(root, runs):
   return own
 
 
-def test_the_larger_model_and_the_transfer_on_the_page_are_the_runs():
+def test_the_larger_model_and_the_transfer_on_the_page_are_the_runs(committed):
   """docs/lm.md, study 3's larger model: the quoted tables (grids, each arm at its best
   with the paired tables, the transfer), the budget's core-hours and every number of
   the words under them, from results/lm-norms."""
-  import pathlib
-
-  root = pathlib.Path(__file__).resolve().parents[1]
-  groups, _ = report_lib.load_runs(root / "results" / "lm-norms")
-  lines = "\n".join(norms_tables.report(groups["lm"], None)).splitlines()
+  root = committed.root
+  lines = committed.text.splitlines()
   lines = lines[next(k for k, x in enumerate(lines) if x.startswith("study 3, the larger")) :]
   page = (root / "docs" / "lm.md").read_text(encoding="utf-8")
   page = page.split("### The larger model and the transfer")[1].split("\n### ")[0]
@@ -479,12 +485,12 @@ def test_the_larger_model_and_the_transfer_on_the_page_are_the_runs():
     assert f"```\n{quoted}\n```" in page, quoted
   words = " ".join(page.split("```")[-1].split())
   head = " ".join(page.split("```")[0].split())
-  every = norms_tables.grids(groups["lm"])
+  every = committed.grids
   small, large = every[norms.SMALL_PRESET], every[norms.LARGE_PRESET]
   assert list(large) == ["A2", "A2-qknorm", "Muon"]
   assert all(g.final and not g.at_edge for g in large.values())
   # The budget: study 3's own runs, and what Muon's seeds 2-5 would have added.
-  own = _own_runs(root, groups["lm"])
+  own = _own_runs(root, committed.runs)
   hours = {p: sum(r["wall_time"] for r in rs) / 3600 for p, rs in own.items()}
   total = sum(hours.values())
   muon = [r for r in own[norms.LARGE_PRESET] if r["arm"] == "Muon"]
@@ -544,14 +550,11 @@ def test_the_larger_model_and_the_transfer_on_the_page_are_the_runs():
   )
 
 
-def test_study_threes_plain_words_are_the_runs():
+def test_study_threes_plain_words_are_the_runs(committed):
   """docs/lm.md, "Study 3 in plain words": every contrast it names, on either model, is
   the report's (its sign, its verdict, its three decimals), and the transfer's gaps."""
-  import pathlib
-
-  root = pathlib.Path(__file__).resolve().parents[1]
-  groups, _ = report_lib.load_runs(root / "results" / "lm-norms")
-  text = "\n".join(norms_tables.report(groups["lm"], None))
+  root = committed.root
+  text = committed.text
   small_text, large_text = text.split("study 3, the larger model")
   page = (root / "docs" / "lm.md").read_text(encoding="utf-8")
   words = " ".join(page.split("### Study 3 in plain words")[1].split("\n## ")[0].split())
@@ -597,7 +600,7 @@ def test_study_threes_plain_words_are_the_runs():
   qk_small, qk_large = small["A2-qknorm - A2"], large["A2-qknorm - A2"]
   assert qk_small[1:] == qk_large[1:] == (6, "no difference")
   assert f"at either scale ({qk_small[0]:.3f} and {qk_large[0]:.3f}, 6 paired seeds each" in words
-  every = norms_tables.grids(groups["lm"])
+  every = committed.grids
   gap = {
     arm: g.mean(every[norms.SMALL_PRESET][arm].best) - g.mean(g.best)
     for arm, g in every[norms.LARGE_PRESET].items()
@@ -610,19 +613,16 @@ def test_study_threes_plain_words_are_the_runs():
   assert not {"AdamH", "MuonH", "AdamH-qknorm", "B2-H"} & set(every[norms.LARGE_PRESET])
 
 
-def test_the_larger_models_answer_on_every_page_is_the_runs():
+def test_the_larger_models_answer_on_every_page_is_the_runs(committed):
   """README, docs/index.md and docs/howto/your-model.md give the larger model's Muon
   against QK-norm (two seeds, no verdict) and the move of the best rates, as the report
   has them."""
-  import pathlib
-
-  root = pathlib.Path(__file__).resolve().parents[1]
-  groups, _ = report_lib.load_runs(root / "results" / "lm-norms")
-  text = "\n".join(norms_tables.report(groups["lm"], None)).split("study 3, the larger")[1]
+  root = committed.root
+  text = committed.text.split("study 3, the larger")[1]
   cells = columns.paired_rows(text, "A2-qknorm")["Muon - A2-qknorm"]
   assert cells[1].endswith("(2)") and cells[-1] == "not settled" and cells[1].startswith("-")
   below = f"{-float(cells[1].split()[0]):.3f}"
-  every = norms_tables.grids(groups["lm"])
+  every = committed.grids
   small, large = every[norms.SMALL_PRESET], every[norms.LARGE_PRESET]
   steps = {round(math.log(g.best / small[arm].best, 3)) for arm, g in large.items()}
   assert steps == {-1}
